@@ -1,0 +1,242 @@
+"""common/sidebyside.py: the produced HTML, parsed back with html.parser, has the promised structure.
+
+Small fixture files stand in for the algorithm files, so these tests do not depend on them.
+"""
+import os
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pytest
+
+from common import sidebyside
+
+FILLER_1 = [f"VALUE_{k} = {k}" for k in range(20)]  # long unchanged runs: must be folded
+FILLER_2 = [f"OTHER_{k} = {k}" for k in range(20)]
+
+LEFT = ['"""Base file (eq. 90-97)."""', "import torch", "", ""] + FILLER_1 + [
+    "",
+    "def policy_loss(ratio, adv, clip_eps=0.2):",
+    "    # eq. (96): token-level clipped surrogate",
+    "    unclipped = ratio * adv",
+    "    clipped = ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv",
+    "    per_token = -torch.min(unclipped, clipped)",
+    "    return per_token.mean()",
+    "",
+] + FILLER_2 + ["def old_helper():", "    return 1"]
+
+RIGHT = ['"""Variant file (eq. (101)-(102))."""', "import torch", "", ""] + FILLER_1 + [
+    "",
+    "def policy_loss(ratio, adv, clip_eps_low=0.2, clip_eps_high=0.28):",
+    "    # eq. (96): token-level clipped surrogate",
+    "    unclipped = ratio * adv",
+    "    clipped = ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * adv",
+    "    per_token = -torch.min(unclipped, clipped)",
+    "    # eq. 102: token mean over the whole batch",
+    "    return per_token.sum() / mask.sum()",
+    "",
+] + FILLER_2
+
+# Hunks in page order and the labels each must carry.
+EXPECTED_LABELS = [
+    ["eq. 90-97", "eq. 101-102"],  # cited on the changed lines themselves (both sides)
+    [],                            # the def line: a blank line above, so nothing to cite
+    ["eq. 96"],                    # the clamp line: from the comment just above it
+    ["eq. 102"],                   # the changed lines cite eq. 102: the comment above is not used
+    [],                            # old_helper removed
+]
+
+
+class Node:
+    def __init__(self, tag, attrs, parent=None):
+        self.tag, self.attrs, self.parent, self.children = tag, dict(attrs), parent, []
+
+    @property
+    def classes(self):
+        return (self.attrs.get("class") or "").split()
+
+    def text(self):
+        return "".join(c if isinstance(c, str) else c.text() for c in self.children)
+
+    def find_all(self, tag, cls=None):
+        for c in self.children:
+            if isinstance(c, Node):
+                if c.tag == tag and (cls is None or cls in c.classes):
+                    yield c
+                yield from c.find_all(tag, cls)
+
+
+class Tree(HTMLParser):
+    """A minimal DOM: enough to walk rows and cells of the page."""
+    VOID = {"meta", "col", "br", "link", "img", "input"}
+
+    def __init__(self, text):
+        super().__init__(convert_charrefs=True)
+        self.root = self.node = Node("root", {})
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        node = Node(tag, attrs, self.node)
+        self.node.children.append(node)
+        if tag not in self.VOID:
+            self.node = node
+
+    def handle_endtag(self, tag):
+        node = self.node
+        while node is not self.root and node.tag != tag:
+            node = node.parent
+        if node is not self.root:
+            self.node = node.parent
+
+    def handle_data(self, data):
+        self.node.children.append(data)
+
+
+def code_rows(tree):
+    """Every code row as (left (num, text, classes) or None, right ... or None, folded?)."""
+    rows = []
+    for tbody in tree.root.find_all("tbody"):
+        for tr in (c for c in tbody.children if isinstance(c, Node) and c.tag == "tr"):
+            tds = [c for c in tr.children if isinstance(c, Node) and c.tag == "td"]
+            if len(tds) != 4:
+                continue  # hunk label row or fold toggle row
+            sides = []
+            for num, code in (tds[0:2], tds[2:4]):
+                sides.append(None if "empty" in code.classes else (int(num.text()), code.text(), code.classes))
+            rows.append((sides[0], sides[1], "fold" in tbody.classes))
+    return rows
+
+
+@pytest.fixture
+def root(tmp_path):
+    for name, lines in (("grpo.py", LEFT), ("dapo.py", RIGHT), ("gspo.py", LEFT[:-1])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    return tmp_path
+
+
+def render(root, out, left="grpo.py", right="dapo.py"):
+    sidebyside.main([left, right, "--root", str(root), "-o", str(out)])
+    return Tree(out.read_text())
+
+
+def test_citations_are_found_and_normalised():
+    assert sidebyside.citations("# eq. (96): token-level clipped surrogate") == ["eq. 96"]
+    assert sidebyside.citations("x  # eq. 90-91 and Eq. (117)-(119), eq. 80/81") == ["eq. 90-91", "eq. 117-119", "eq. 80/81"]
+    assert sidebyside.citations("freq. 5, seq. 3, no equation here") == []
+
+
+def test_every_changed_line_is_present_and_marked(root, tmp_path):
+    rows = code_rows(render(root, tmp_path / "p.html"))
+    lefts = {r[0][0]: r[0] for r in rows if r[0]}
+    rights = {r[1][0]: r[1] for r in rows if r[1]}
+    # Every line of both files is on the page, at its line number (folded or not).
+    assert [lefts[n][1] for n in sorted(lefts)] == LEFT
+    assert [rights[n][1] for n in sorted(rights)] == RIGHT
+    for lines, others, side, marks in ((LEFT, RIGHT, lefts, {"chg", "del"}), (RIGHT, LEFT, rights, {"chg", "add"})):
+        for n, line in enumerate(lines, 1):
+            changed = line not in others  # the fixture's lines are unique, so this is "changed"
+            assert bool(marks & set(side[n][2])) == changed, (n, line, side[n][2])
+    # A line with no partner on the other side is a pure removal/addition next to an empty cell.
+    removed = [r for r in rows if r[1] is None]
+    added = [r for r in rows if r[0] is None]
+    assert {r[0][1] for r in removed} == {"def old_helper():", "    return 1"} and all("del" in r[0][2] for r in removed)
+    assert [r[1][1] for r in added] == ["    # eq. 102: token mean over the whole batch"] and "add" in added[0][1][2]
+    # Inside a changed block each line faces its new version, not merely the next line down.
+    pairs = {r[0][1]: r[1][1] for r in rows if r[0] and r[1] and "chg" in r[0][2]}
+    assert pairs["    return per_token.mean()"] == "    return per_token.sum() / mask.sum()"
+    # Changed words are marked inside the changed line, the rest of it is not.
+    page = (tmp_path / "p.html").read_text()
+    assert "<del>clip_eps</del>" in page and "<ins>clip_eps_low</ins>" in page and "<ins>clip_eps_high</ins>" in page
+    assert "<del>ratio</del>" not in page
+    # Header counts: 4 paired lines, 1 added, 2 removed.
+    _, stats, _ = sidebyside.render_pair("a", "b", LEFT, RIGHT)
+    assert stats == {"changed": 4, "added": 1, "removed": 2}
+    assert "4</b> lines changed, <b>1</b> added, <b>2</b> removed" in page
+
+
+def test_long_unchanged_runs_are_folded_with_context(root, tmp_path):
+    tree = render(root, tmp_path / "p.html")
+    folds = list(tree.root.find_all("tbody", "fold"))
+    hidden = []
+    for tbody in folds:
+        rows = [c for c in tbody.children if isinstance(c, Node) and c.tag == "tr"]
+        toggle, lines = rows[0], rows[1:]
+        n = int(tbody.attrs["data-lines"])
+        assert "toggle" in toggle.classes and f"{n} unchanged lines" in toggle.text()
+        assert len(lines) == n
+        hidden.append([tr.find_all("td", "code").__next__().text() for tr in lines])
+    # The two 20-line runs (plus the blank lines around them) are folded, 3 lines of context stay visible.
+    assert len(folds) == 2
+    assert hidden[0] == (["import torch", "", ""] + FILLER_1 + [""])[3:-3]
+    assert hidden[1] == ([""] + FILLER_2)[3:-3]
+    visible = {r[0][1] for r in code_rows(tree) if r[0] and not r[2]}
+    assert {"import torch", "VALUE_18 = 18", "OTHER_0 = 0", "OTHER_1 = 1"} <= visible
+    assert "    unclipped = ratio * adv" in visible  # short unchanged runs between hunks stay unfolded
+
+
+def test_hunks_are_labelled_with_the_cited_equations(root, tmp_path):
+    tree = render(root, tmp_path / "p.html")
+    hunks = list(tree.root.find_all("tr", "hunk"))
+    labels = [[s.text() for s in h.find_all("span", "eq")] for h in hunks]
+    assert labels == EXPECTED_LABELS
+    assert [bool(list(h.find_all("span", "noeq"))) for h in hunks] == [not x for x in EXPECTED_LABELS]
+    # The header links each touched equation to its first hunk.
+    header = next(tree.root.find_all("header"))
+    links = {a.text(): a.attrs["href"] for a in header.find_all("a")}
+    assert links == {"eq. 90-97": "#h1", "eq. 101-102": "#h1", "eq. 96": "#h3", "eq. 102": "#h4"}
+
+
+def test_identical_files_say_no_differences(root, tmp_path):
+    tree = render(root, tmp_path / "same.html", "grpo.py", "grpo.py")
+    assert "No differences" in tree.root.text()
+    assert not list(tree.root.find_all("tr", "hunk"))
+    rows = code_rows(tree)
+    assert all(r[2] and "same" in r[0][2] and "same" in r[1][2] for r in rows) and len(rows) == len(LEFT)
+
+
+def test_all_writes_index_and_existing_pairs_and_skips_missing(root, tmp_path, capsys):
+    out = tmp_path / "pages"
+    sidebyside.main(["--all", "--root", str(root), "-o", str(out)])
+    assert sorted(os.listdir(out)) == ["grpo-dapo.html", "grpo-gspo.html", "index.html"]
+    printed = capsys.readouterr().out
+    assert printed.count("skipped") == len(sidebyside.PAIRS) - 2 and "dr_grpo.py not found" in printed
+    index = Tree((out / "index.html").read_text())
+    links = {a.attrs["href"]: a.text() for a in index.root.find_all("a")}
+    assert links == {"grpo-dapo.html": "grpo.py \u2192 dapo.py", "grpo-gspo.html": "grpo.py \u2192 gspo.py"}
+    counts = [[td.text() for td in tr.find_all("td", "c")] for tr in index.root.find_all("tr")][1:]
+    assert counts[0] == ["5", "4", "1", "2"]  # grpo -> dapo: hunks, changed, added, removed
+    assert counts[1] == ["1", "0", "0", "1"]  # grpo -> gspo: the last line removed
+
+
+def test_all_without_any_pair_is_an_error(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        sidebyside.main(["--all", "--root", str(tmp_path), "-o", str(tmp_path / "out")])
+    assert "no page written" in str(e.value.code)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["grpo.py", "nope.py"], "cannot read"),
+    (["grpo.py"], "give two files"),
+    ([], "give two files"),
+    (["grpo.py", "dapo.py", "--all"], "not both"),
+    (["grpo.py", "dapo.py", "--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_bad_input_is_one_clear_error_line(root, tmp_path, args, message):
+    with pytest.raises(SystemExit) as e:
+        sidebyside.main(args + ["--root", str(root), "-o", str(tmp_path / "x.html")])
+    text = e.value.code  # a string: Python prints it to stderr and exits with status 1
+    assert isinstance(text, str) and message in text and "\n" not in text and text.startswith("sidebyside: error:")
+    assert not (tmp_path / "x.html").exists()
+
+
+def test_command_line_from_another_folder(root, tmp_path):
+    """The real CLI: file names resolve against the root, and a missing file is one line, no traceback."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo)
+    cmd = [sys.executable, "-m", "common.sidebyside", "--root", str(root)]
+    ok = subprocess.run(cmd + ["grpo.py", "dapo.py", "-o", "p.html"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and (tmp_path / "p.html").exists(), ok.stderr
+    bad = subprocess.run(cmd + ["grpo.py", "missing.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "missing.py" in bad.stderr
+    assert "Traceback" not in bad.stderr
