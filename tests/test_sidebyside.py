@@ -13,8 +13,10 @@ from common import sidebyside
 
 FILLER_1 = [f"VALUE_{k} = {k}" for k in range(20)]  # long unchanged runs: must be folded
 FILLER_2 = [f"OTHER_{k} = {k}" for k in range(20)]
+NOTE = "SCALE = 1.0  # eq. (5): cited in another paragraph, so no label for the hunk below the blank line"
 
 LEFT = ['"""Base file (eq. 90-97)."""', "import torch", "", ""] + FILLER_1 + [
+    NOTE,
     "",
     "def policy_loss(ratio, adv, clip_eps=0.2):",
     "    # eq. (96): token-level clipped surrogate",
@@ -26,6 +28,7 @@ LEFT = ['"""Base file (eq. 90-97)."""', "import torch", "", ""] + FILLER_1 + [
 ] + FILLER_2 + ["def old_helper():", "    return 1"]
 
 RIGHT = ['"""Variant file (eq. (101)-(102))."""', "import torch", "", ""] + FILLER_1 + [
+    NOTE,
     "",
     "def policy_loss(ratio, adv, clip_eps_low=0.2, clip_eps_high=0.28):",
     "    # eq. (96): token-level clipped surrogate",
@@ -40,7 +43,7 @@ RIGHT = ['"""Variant file (eq. (101)-(102))."""', "import torch", "", ""] + FILL
 # Hunks in page order and the labels each must carry.
 EXPECTED_LABELS = [
     ["eq. 90-97", "eq. 101-102"],  # cited on the changed lines themselves (both sides)
-    [],                            # the def line: a blank line above, so nothing to cite
+    [],                            # the def line: a blank line above it ends the search (NOTE is not used)
     ["eq. 96"],                    # the clamp line: from the comment just above it
     ["eq. 102"],                   # the changed lines cite eq. 102: the comment above is not used
     [],                            # old_helper removed
@@ -167,10 +170,10 @@ def test_long_unchanged_runs_are_folded_with_context(root, tmp_path):
         hidden.append([tr.find_all("td", "code").__next__().text() for tr in lines])
     # The two 20-line runs (plus the blank lines around them) are folded, 3 lines of context stay visible.
     assert len(folds) == 2
-    assert hidden[0] == (["import torch", "", ""] + FILLER_1 + [""])[3:-3]
+    assert hidden[0] == (["import torch", "", ""] + FILLER_1 + [NOTE, ""])[3:-3]
     assert hidden[1] == ([""] + FILLER_2)[3:-3]
     visible = {r[0][1] for r in code_rows(tree) if r[0] and not r[2]}
-    assert {"import torch", "VALUE_18 = 18", "OTHER_0 = 0", "OTHER_1 = 1"} <= visible
+    assert {"import torch", "VALUE_19 = 19", NOTE, "OTHER_0 = 0", "OTHER_1 = 1"} <= visible
     assert "    unclipped = ratio * adv" in visible  # short unchanged runs between hunks stay unfolded
 
 
