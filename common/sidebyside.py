@@ -224,9 +224,10 @@ tbody.fold:not(.open) tr:not(.toggle){display:none}
 .nodiff{margin:16px;padding:12px 16px;background:#dafbe1;border:1px solid #aceebb;border-radius:6px}
 @media print{header{position:static}tbody.fold tr:not(.toggle){display:table-row}tr.toggle{display:none}}
 main{max-width:900px;margin:24px auto;padding:0 16px}
-main table{font:14px/1.6 system-ui,sans-serif}
+main table{font:14px/1.6 system-ui,sans-serif;table-layout:auto}
+main td:first-child{white-space:nowrap;font-family:ui-monospace,monospace}
 main td,main th{padding:6px 10px;border-bottom:1px solid #eaeef2;text-align:left}
-main td.c{font-variant-numeric:tabular-nums;text-align:right}
+main td.c,main th.c{font-variant-numeric:tabular-nums;text-align:right}
 main th{color:#57606a;font-weight:600}
 """
 
@@ -309,8 +310,8 @@ def write_all(out_dir, root=ROOT):
                     f'<td class="c">{stats["changed"]}</td><td class="c">{stats["added"]}</td>'
                     f'<td class="c">{stats["removed"]}</td><td>{eqs}</td></tr>')
     if rows:
-        table = ("<table><tr><th>pair</th><th>hunks</th><th>changed</th><th>added</th><th>removed</th>"
-                 "<th>equations touched</th></tr>" + "\n".join(rows) + "</table>")
+        table = ("<table><tr><th>pair</th><th class=c>hunks</th><th class=c>changed</th><th class=c>added</th>"
+                 "<th class=c>removed</th><th>equations touched</th></tr>" + "\n".join(rows) + "</table>")
         body = (f"<main><h1>Side-by-side diffs</h1><p>Each page puts two sibling files next to each other; "
                 f"the changes are the algorithm.</p>{table}</main>")
         write(os.path.join(out_dir, "index.html"), page("Side-by-side diffs", body))
