@@ -85,11 +85,14 @@ def mark(tag, text):
 def inline_diff(old, new):
     """Both lines as HTML with the changed words wrapped in <del> (left) and <ins> (right)."""
     a, b = TOKEN_RE.findall(old), TOKEN_RE.findall(new)
-    sm = difflib.SequenceMatcher(None, a, b, autojunk=False)
-    if sm.ratio() < 0.4:  # lines that share little: marking nearly every word is noise
+    ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    # Share of visible characters the two lines have in common (spaces would make any two lines look alike).
+    ink = lambda text: len("".join(text.split()))
+    kept = sum(ink("".join(a[i1:i2])) for op, i1, i2, _, _ in ops if op == "equal")
+    if 2 * kept < 0.5 * (ink(old) + ink(new)):  # mostly rewritten: marking nearly every word is noise
         return esc(old), esc(new)
     left, right = [], []
-    for op, i1, i2, j1, j2 in sm.get_opcodes():
+    for op, i1, i2, j1, j2 in ops:
         old_part, new_part = esc("".join(a[i1:i2])), esc("".join(b[j1:j2]))
         if op == "equal":
             left.append(old_part)
@@ -207,7 +210,7 @@ td.code{white-space:pre-wrap;overflow-wrap:anywhere;tab-size:4}
 del{background:#ffb3ad;text-decoration:none;border-radius:2px}
 ins{background:#8ee6a3;text-decoration:none;border-radius:2px}
 .empty{background:repeating-linear-gradient(135deg,#f6f8fa 0 6px,#eef1f4 6px 12px)}
-tr.hunk{scroll-margin-top:140px}
+tr.hunk{scroll-margin-top:170px}
 tr.hunk td{padding:6px 8px 2px;border-top:1px solid #d0d7de;background:#fff}
 tbody:first-child tr.hunk:first-child td{border-top:0}
 .eq,.noeq{display:inline-block;margin-right:6px;padding:0 8px;border-radius:10px;font:600 12px/20px system-ui,sans-serif}
