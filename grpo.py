@@ -1,32 +1,30 @@
 """GRPO: Group Relative Policy Optimization (seed 000, §5.3).
 
-PPO without a critic, for language models. For each prompt x the frozen behaviour policy
-π_θold samples a group of G responses; a verifiable reward R scores each one; the group is
-its own baseline. Every token of response i shares the group-normalised advantage
+PPO without a critic, for language models. For each prompt x the frozen behaviour policy π_θold
+samples a group of G responses, a verifiable reward R scores each one, and the group is its own
+baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate
+that keeps the ratios π_θ/π_θold near 1, with a KL penalty to the frozen starting model π_ref:
 
-    Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + ε)                   eq. (90)-(91)
+    Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + ε)                    eq. (90)-(91)
+    r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)               eq. (95)
+    ℓ_{i,t} = min(r_{i,t} Â_i, clip(r_{i,t}, 1 − ε, 1 + ε) Â_i)        eq. (96)
+    J = 1/G Σ_i 1/T_i Σ_t ℓ_{i,t} − β KL(π_θ ‖ π_ref)                  eq. (97)
 
-and the policy maximises PPO's clipped surrogate applied token by token,
-
-    r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)              eq. (95)
-    ℓ_{i,t} = min(r_{i,t} Â_i, clip(r_{i,t}, 1 − ε, 1 + ε) Â_i)       eq. (96)
-    L = 1/G Σ_i 1/T_i Σ_t ℓ_{i,t} − β KL(π_θ ‖ π_ref)                 eq. (97)
-
-averaged over the tokens of each response, then over responses, with a KL penalty that keeps
-π_θ near the frozen starting model π_ref (the k3 estimator, per token).
-
-One iteration (§5.3.2): sample B prompts → G responses each from π_θold (one batched
-`generate` call) → rewards → group advantages → log-probs under π_θold and π_ref, without
-gradients → E epochs of minibatch gradient steps on the loss → log.
+The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model
+of the same size. The KL term is the k3 estimator per token (seed 002 §6.2), averaged like the
+policy term.
 
 This is the base file of the group family: dr_grpo.py, dapo.py, gspo.py and sapo.py are copies
 of it changed only where their method changes, so `diff grpo.py dapo.py` is the lesson.
 
-    python grpo.py                       # embedded tiny model, offline, CPU: accuracy ~0.4 → 0.9 in ~2 min
-    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --max-new-tokens 16 --learning-rate 1e-6   # GPU, network once
+One iteration (§5.3.2): sample B prompts → G responses each from π_θold (one batched `generate`
+call) → rewards → group advantages → log-probs under π_θold and π_ref, without gradients →
+E epochs of minibatch gradient steps on the loss (several steps, so the ratio leaves 1) → log.
+
+    python grpo.py                                   # embedded tiny model, offline, CPU, ~2 minutes
+    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --max-new-tokens 64 --learning-rate 1e-6   # GPU
 """
 
-import contextlib
 import copy
 import os
 import random
