@@ -108,7 +108,9 @@ def row(ln, left, lcls, rn, right, rcls):
     def cells(n, code, cls):
         if n is None:
             return '<td class="num"></td><td class="code empty"></td>'
-        return f'<td class="num">{n}</td><td class="code {cls}">{code}</td>'
+        indent = len(code) - len(code.lstrip(" "))  # a wrapped line continues 4 columns right of its own indent
+        style = f' style="--i:{indent + 4}ch"' if indent else ""
+        return f'<td class="num">{n}</td><td class="code {cls}"{style}>{code}</td>'
     return f"<tr>{cells(ln, left, lcls)}{cells(rn, right, rcls)}</tr>"
 
 
@@ -199,12 +201,13 @@ button{font:12px system-ui,sans-serif;padding:2px 8px;border:1px solid #d0d7de;b
 .files{display:grid;grid-template-columns:1fr 1fr;font:600 13px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .files div{padding:4px 8px;border-top:1px solid #d0d7de}
 .files div+div{border-left:1px solid #d0d7de}
-table{width:100%;border-collapse:collapse;table-layout:fixed;font:13px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-col.n{width:3.6em}
+table{width:100%;border-collapse:collapse;table-layout:fixed;font:12.5px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+col.n{width:3.4em}
 td{vertical-align:top;padding:0 8px}
 td.num{text-align:right;color:#8c959f;user-select:none;border-right:1px solid #eaeef2}
 td.num+td.code+td.num{border-left:1px solid #d0d7de}
-td.code{white-space:pre-wrap;overflow-wrap:anywhere;tab-size:4}
+/* long lines wrap with a hanging indent, so a continuation never looks like a new, less-indented line */
+td.code{white-space:pre-wrap;overflow-wrap:anywhere;tab-size:4;padding-left:calc(6px + var(--i,4ch));text-indent:calc(0px - var(--i,4ch))}
 .del,.chg:nth-child(2){background:#ffebe9}
 .add,.chg:nth-child(4){background:#e6ffec}
 del{background:#ffb3ad;text-decoration:none;border-radius:2px}
