@@ -311,7 +311,8 @@ def write_all(out_dir, root=ROOT):
             continue
         name = page_name(left, right)
         stats, hunks = write_pair(left, right, os.path.join(out_dir, name), root)
-        eqs = "".join(f'<span class="eq">{esc(x)}</span>' for x in dict.fromkeys(x for h in hunks for x in h))
+        touched = sorted(set(x for h in hunks for x in h), key=lambda x: (int(re.search(r"\d+", x)[0]), x))
+        eqs = "".join(f'<span class="eq">{esc(x)}</span>' for x in touched)  # in equation order: a table of contents
         rows.append(f'<tr><td><a href="{name}">{esc(left)} \u2192 {esc(right)}</a></td><td class="c">{len(hunks)}</td>'
                     f'<td class="c">{stats["changed"]}</td><td class="c">{stats["added"]}</td>'
                     f'<td class="c">{stats["removed"]}</td><td>{eqs}</td></tr>')
