@@ -1,0 +1,212 @@
+"""Classic control from the command line: bad input (DESIGN §7), smoke runs, seeding, saving, learning.
+
+Bad input is checked in-process (each python process costs seconds); the smoke runs are real
+subprocesses, one per script and env, run in parallel; seeding and learning run the scripts'
+main loop in-process with runpy.
+"""
+import dataclasses
+import importlib
+import os
+import runpy
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from common.benchmark import read_scalars
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FILES = ["vpg", "a2c", "trpo", "ppo"]
+MODULES = {name: importlib.import_module(name) for name in FILES}
+TINY = ["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "256"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one clear line naming the flag, a non-zero exit, before any env is built
+
+COMMON_BAD = [
+    (dict(env_id="NoSuchEnv-v0"), "--env-id"),
+    (dict(env_id="cartpole-v1"), "--env-id"),
+    (dict(total_timesteps=0), "--total-timesteps"),
+    (dict(num_envs=0), "--num-envs"),
+    (dict(num_steps=-5), "--num-steps"),
+    (dict(num_steps=1), "--num-steps"),
+    (dict(total_timesteps=100, num_envs=8, num_steps=64), "--total-timesteps"),
+    (dict(gamma=1.5), "--gamma"),
+    (dict(gae_lambda=-0.1), "--gae-lambda"),
+    (dict(max_grad_norm=0.0), "--max-grad-norm"),
+]
+SPECIFIC_BAD = {
+    "ppo": [
+        (dict(num_minibatches=3), "--num-minibatches"),
+        (dict(num_minibatches=0), "--num-minibatches"),
+        (dict(update_epochs=0), "--update-epochs"),
+        (dict(learning_rate=-1e-3), "--learning-rate"),
+        (dict(clip_eps=0.0), "--clip-eps"),
+        (dict(clip_eps=1.5), "--clip-eps"),
+        (dict(target_kl=-0.01), "--target-kl"),
+        (dict(ent_coef=-0.1), "--ent-coef"),
+        (dict(vf_coef=-1.0), "--vf-coef"),
+    ],
+    "a2c": [
+        (dict(learning_rate=0.0), "--learning-rate"),
+        (dict(ent_coef=-0.1), "--ent-coef"),
+        (dict(vf_coef=-1.0), "--vf-coef"),
+    ],
+    "vpg": [
+        (dict(num_minibatches=3), "--num-minibatches"),
+        (dict(update_epochs=0), "--update-epochs"),
+        (dict(learning_rate=0.0), "--learning-rate"),
+        (dict(vf_learning_rate=-1.0), "--vf-learning-rate"),
+    ],
+    "trpo": [
+        (dict(num_minibatches=3), "--num-minibatches"),
+        (dict(update_epochs=0), "--update-epochs"),
+        (dict(vf_learning_rate=0.0), "--vf-learning-rate"),
+        (dict(max_kl=0.0), "--max-kl"),
+        (dict(cg_iters=0), "--cg-iters"),
+        (dict(cg_damping=-0.1), "--cg-damping"),
+        (dict(backtrack_iters=0), "--backtrack-iters"),
+        (dict(backtrack_coef=1.0), "--backtrack-coef"),
+    ],
+}
+CASES = [(f, kw, flag) for f in FILES for kw, flag in COMMON_BAD + SPECIFIC_BAD[f]]
+
+
+@pytest.mark.parametrize("name,kwargs,flag", CASES, ids=[f"{f}-{'-'.join(kw)}={list(kw.values())[0]}" for f, kw, _ in CASES])
+def test_bad_argument_gives_one_clear_line(name, kwargs, flag):
+    mod = MODULES[name]
+    args = dataclasses.replace(mod.Args(), **kwargs)
+    with pytest.raises(SystemExit) as exc:
+        mod.check_args(args)
+    msg = str(exc.value.code)
+    assert msg.startswith("error: ") and flag in msg and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_defaults_are_valid(name):
+    MODULES[name].check_args(MODULES[name].Args())  # no exit
+
+
+class _DictObsEnv(gym.Env):
+    observation_space = gym.spaces.Dict({"x": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Discrete(2)
+
+
+class _MultiBinaryActionEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.MultiBinary(3)
+
+
+gym.register("TestDictObs-v0", entry_point=_DictObsEnv)
+gym.register("TestMultiBinaryAction-v0", entry_point=_MultiBinaryActionEnv)
+
+
+@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("env_id,space", [("TestMultiBinaryAction-v0", "action space MultiBinary"),
+                                          ("TestDictObs-v0", "observation space Dict")])
+def test_unsupported_space_names_the_space(name, env_id, space):
+    mod = MODULES[name]
+    args = dataclasses.replace(mod.Args(), env_id=env_id)
+    mod.check_args(args)  # the id is registered: only the spaces are wrong
+    with pytest.raises(SystemExit) as exc:
+        mod.make_envs(args)
+    msg = str(exc.value.code)
+    assert msg.startswith("error: --env-id") and space in msg and "\n" not in msg, msg
+
+
+@pytest.fixture
+def in_process(monkeypatch, tmp_path):
+    """Run a script's `__main__` in this process: `run(name, argv, subdir)`; restores torch globals."""
+    threads, validate = torch.get_num_threads(), torch.distributions.Distribution._validate_args
+
+    def run(name, argv, subdir="."):
+        cwd = tmp_path / subdir
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [f"{name}.py"] + argv)
+        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        (run_dir,) = (cwd / "runs").iterdir()
+        return run_dir
+
+    yield run
+    torch.set_num_threads(threads)
+    torch.distributions.Distribution.set_default_validate_args(validate)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_main_rejects_bad_input_before_building_anything(name, in_process, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        in_process(name, ["--env-id", "NoSuchEnv-v0"])
+    assert str(exc.value.code).startswith("error: --env-id 'NoSuchEnv-v0'")
+    assert not (tmp_path / "runs").exists()  # no log written, no env built
+    with pytest.raises(SystemExit) as exc:  # a type error is tyro's: also a clean exit, no traceback
+        in_process(name, ["--num-envs", "two"])
+    assert exc.value.code != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Smoke runs from the CLI, as subprocesses (run in parallel)
+
+
+def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path):
+    procs = {}
+    for name in FILES:
+        for env_id in ["CartPole-v1", "Pendulum-v1"]:
+            cwd = tmp_path / f"{name}_{env_id}"
+            cwd.mkdir()
+            cmd = [sys.executable, os.path.join(ROOT, f"{name}.py"), "--env-id", env_id, *TINY]
+            if name == "ppo" and env_id == "CartPole-v1":
+                cmd.append("--save-model")
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            procs[name, env_id] = (cwd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                                         stderr=subprocess.PIPE, text=True))
+    for (name, env_id), (cwd, proc) in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, f"{name} {env_id}:\n{err[-2000:]}"
+        assert "step     1024 | return" in out, out  # the console line of the last iteration
+        (run_dir,) = (cwd / "runs").iterdir()
+        assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # DESIGN §2 run_name
+        scalars = read_scalars(str(run_dir))
+        expected = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+                    "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"}
+        if name == "ppo":
+            expected.add("losses/clipfrac")
+        assert expected <= set(scalars), f"{name} {env_id}: missing {expected - set(scalars)}"
+        assert all(np.isfinite(v) for tag in expected for _, _, v in scalars[tag]), f"{name} {env_id}: NaN logged"
+        if env_id == "Pendulum-v1":  # 200-step episodes, always truncated, never terminated
+            assert {v for _, _, v in scalars["charts/episodic_length"]} == {200.0}
+    # --save-model: a loadable checkpoint under runs/{run_name}/, no temporary file left behind
+    (run_dir,) = (tmp_path / "ppo_CartPole-v1" / "runs").iterdir()
+    assert sorted(os.listdir(run_dir / "..")) and not list(run_dir.glob("*.tmp"))
+    checkpoint = torch.load(run_dir / "ppo.pt")
+    agent = MODULES["ppo"].Agent(4, gym.spaces.Discrete(2))
+    agent.load_state_dict(checkpoint["agent"])
+    assert checkpoint["args"]["env_id"] == "CartPole-v1"
+
+
+# ---------------------------------------------------------------------------------------------
+# Seeding and learning, in-process
+
+
+def _returns(run_dir):
+    return [v for _, _, v in read_scalars(str(run_dir))["charts/episodic_return"]]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_same_seed_same_returns(name, in_process):
+    argv = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "128", "--seed", "3"]
+    first = _returns(in_process(name, argv, "a"))
+    second = _returns(in_process(name, argv, "b"))
+    other = _returns(in_process(name, argv[:-1] + ["4"], "c"))
+    assert len(first) > 20 and first == second
+    assert other != first
+
+
+def test_ppo_learns_cartpole(in_process):
+    # a random policy scores ~20; after 16k steps the default ppo.py is far above it
+    returns = _returns(in_process("ppo", ["--total-timesteps", "16384", "--seed", "1"]))
+    assert np.mean(returns[-10:]) > 150, returns[-10:]
