@@ -64,8 +64,8 @@ class Args:
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
     """responses per forward/backward pass (gradient accumulation, to fit memory); default: the whole minibatch"""
-    learning_rate: float = 1e-3
-    """Adam learning rate (1e-3 suits the tiny model; use ~1e-6 for real LLMs)"""
+    learning_rate: float = 3e-4
+    """Adam learning rate, decayed linearly to 0 over the run (3e-4 suits the tiny model; ~1e-6 for real LLMs)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     beta: float = 0.04
@@ -99,7 +99,7 @@ def check_args(args: Args) -> None:
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
         (args.num_minibatches >= 1 and batch % args.num_minibatches == 0,
-         f"--num-minibatches must be >= 1 and divide prompts-per-iteration * group-size = {batch}, got {args.num_minibatches}"),
+         f"--num-minibatches must be >= 1 and divide the {batch} responses per iteration, got {args.num_minibatches}"),
         (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
          f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}, got {args.micro_batch_size}"),
         (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
@@ -260,12 +260,14 @@ def sample(model, tokenizer, prompts: list[str], args: Args, device, num_samples
 
     Returns sequences [N, P+T], attention_mask [N, P+T], prompt_len P, responses [N, T], mask [N, T], truncated [N].
     """
-    enc = tokenizer(format_prompts(tokenizer, prompts), return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
+    texts = format_prompts(tokenizer, prompts)  # a chat template already holds its special tokens
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
     # Stop at the tokenizer's EOS and at any end token the model's generation config adds (chat models).
     config_eos = model.generation_config.eos_token_id
-    eos_ids = sorted({tokenizer.eos_token_id, *(config_eos if isinstance(config_eos, list) else [config_eos] if config_eos is not None else [])})
+    config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
+    eos_ids = sorted({tokenizer.eos_token_id, *config_eos})
     # Sample from π_θold itself: no top-k/top-p truncation or repetition penalty, whatever the model's
     # generation_config says, or the behaviour policy would not be the one whose log-probs we compute.
     # generate() derives position_ids from the attention mask, as response_logits does.
@@ -331,7 +333,8 @@ if __name__ == "__main__":
     batch_size = args.prompts_per_iteration * args.group_size
     minibatch_size = batch_size // args.num_minibatches
     micro_batch_size = args.micro_batch_size or minibatch_size
-    print(f"{run_name}: {sum(p.numel() for p in model.parameters()):,} parameters on {device}, {batch_size} responses per iteration")
+    num_parameters = sum(p.numel() for p in model.parameters())
+    print(f"{run_name}: {num_parameters:,} parameters on {device}, {batch_size} responses per iteration")
 
     start = time.time()
     for iteration in range(args.num_iterations + 1):
@@ -345,6 +348,8 @@ if __name__ == "__main__":
         if iteration == args.num_iterations:
             break
         iteration_start = time.time()
+        # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
+        optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - iteration / args.num_iterations)
 
         # 1-3. Freeze π_θold = π_θ and sample G responses for each of B prompts (eq. 94).
         model.eval()
@@ -371,8 +376,8 @@ if __name__ == "__main__":
                 old_logprobs.append(token_logprobs(logits, responses[rows]))
                 entropies.append(entropy(logits))
                 if ref_model is not None:
-                    ref_logits = response_logits(ref_model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
-                    ref_logprobs.append(token_logprobs(ref_logits, responses[rows]))
+                    logits = response_logits(ref_model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
+                    ref_logprobs.append(token_logprobs(logits, responses[rows]))
         old_logprobs = torch.cat(old_logprobs)
         ref_logprobs = torch.cat(ref_logprobs) if ref_model is not None else None
         mean_entropy = (torch.cat(entropies) * mask).sum() / mask.sum()
@@ -430,7 +435,8 @@ if __name__ == "__main__":
         elapsed = time.time() - start
         eta = elapsed / (iteration + 1) * (args.num_iterations - iteration - 1)
         print(
-            f"iteration {iteration + 1:4d}/{args.num_iterations}  reward {rewards.mean().item():.3f}  held-out {accuracy:.3f}  "
+            f"iteration {iteration + 1:4d}/{args.num_iterations}  reward {rewards.mean().item():.3f}  "
+            f"held-out {accuracy:.3f}  "
             f"length {mask.sum(dim=1).mean().item():.1f}  clipfrac {sum(stats['clipfrac']) / len(stats['clipfrac']):.3f}  "
             f"{num_tokens / iteration_seconds:,.0f} tok/s  ETA {eta:.0f}s"
         )
