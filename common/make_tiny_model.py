@@ -1,4 +1,4 @@
-"""Make the embedded tiny model: `python -m common.make_tiny_model` (≈10 min on one CPU core).
+"""Make the embedded tiny model: `python -m common.make_tiny_model` (13-20 min on one CPU core).
 
 The group scripts (grpo.py, dr_grpo.py, dapo.py, gspo.py, sapo.py) default to this model so
 that they run and learn offline on a CPU. It is an ordinary Hugging Face causal LM: a small
@@ -11,12 +11,12 @@ How it is made (and why):
   `Split(pattern="", behavior="isolated")` cuts every character ("37" -> "3", "7"; the usual
   Whitespace pre-tokenizer would map "37" to <unk>) and `decoders.Fuse()` decodes without spaces.
   pad (<pad>) differs from eos (<eos>), and the tokenizer is saved with padding_side="left".
-- Data: the training split of common/tasks.py ("addition" and "subtraction", operands of 1-3
-  digits), `a+b=` followed by the answer and <eos>. A fraction `--wrong-fraction` of the answers is
+- Data: the training split of common/tasks.py's "addition" (operands of 1-3 digits),
+  `a+b=` followed by the answer and <eos>. A fraction `--wrong-fraction` of the answers is
   deliberately wrong (one digit replaced by another). Trained to convergence on that data, the
-  model samples the right answer only part of the time, yet its greedy answer is usually right:
-  a stable base with headroom for RL. (A base merely stopped early instead learns slowly under RL
-  and tends to collapse.)
+  model samples the right answer only about half of the time (0.49 on the held-out split), yet
+  its greedy answer is usually right (0.97): a stable base with headroom for RL. (A base merely
+  stopped early instead learns slowly under RL and tends to collapse.)
 - Loss on the answer tokens only (the prompt is random digits: nothing to learn there).
 - Dropout 0 everywhere, so that the first PPO-style ratio of an RL update is exactly 1.
 - Left padding with position_ids = attention_mask.cumsum(-1) - 1, as in the RL scripts.
@@ -101,8 +101,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.path.join(HERE, "tiny_model"), help="output folder")
     p.add_argument("--seed", type=int, default=0, help="seeds data, init and sampling")
-    p.add_argument("--steps", type=int, default=12000, help="optimiser steps")
-    p.add_argument("--batch-size", type=int, default=256, help="sequences per step")
+    p.add_argument("--steps", type=int, default=10000, help="optimiser steps")
+    p.add_argument("--batch-size", type=int, default=128, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine decay)")
     p.add_argument("--wrong-fraction", type=float, default=0.5, help="share of deliberately wrong answers")
     args = p.parse_args()

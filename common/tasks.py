@@ -63,8 +63,9 @@ class Arithmetic:
         return 1.0 if numbers and numbers[-1] == target else 0.0
 
 
-# The registry `--task` chooses from. The embedded tiny model (common/tiny_model) was
-# pretrained on "addition" and "subtraction"; "multiplication" is there for larger models.
+# The registry `--task` chooses from. The embedded tiny model (common/tiny_model) was pretrained
+# on "addition" only: it knows neither "subtraction" nor "multiplication" (with so little signal,
+# RL cannot teach them), which are there for real models (`--model ...`).
 TASKS = {
     "addition": Arithmetic("+", max_digits=3),
     "subtraction": Arithmetic("-", max_digits=3),
