@@ -59,7 +59,7 @@ class Args:
     model: str = "common/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
-    """verifiable task from common/tasks.py: addition, subtraction or multiplication"""
+    """verifiable task from common/tasks.py: addition (the only one the tiny model knows), subtraction, multiplication"""
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
     prompts_per_iteration: int = 32
@@ -173,6 +173,18 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, overlong_buffer: int)
     if overlong_buffer == 0:
         return torch.zeros_like(lengths)
     return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)
+
+
+def has_signal(rewards: Tensor, group_size: int) -> Tensor:
+    """Dynamic sampling's filter: [N], True on the responses of groups whose rewards are not all equal."""
+    grouped = rewards.view(-1, group_size)
+    return (grouped != grouped[:, :1]).any(dim=1).repeat_interleave(group_size)
+
+
+def fill_batch(signal: Tensor, batch_size: int) -> Tensor:
+    """Dynamic sampling's batch: row indices of the signal groups first, in sampling order; if there are
+    too few, zero-signal groups fill the rest (the main loop masks them out of the loss)."""
+    return torch.argsort((~signal).int(), stable=True)[:batch_size]
 
 
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
@@ -410,8 +422,7 @@ if __name__ == "__main__":
             # 4. Rewards, with the soft overlong penalty (DAPO's overlong reward shaping).
             rewards = torch.tensor([task.reward(text, y) for text, y in zip(texts, targets)], device=device)
             rewards = rewards + overlong_penalty(mask.sum(dim=1), args.max_new_tokens, args.overlong_buffer)
-            grouped = rewards.view(-1, args.group_size)
-            signal = (grouped != grouped[:, :1]).any(dim=1).repeat_interleave(args.group_size)
+            signal = has_signal(rewards, args.group_size)
             rounds.append(dict(
                 signal=signal, prompt_ids=sequences[:, :prompt_len], prompt_mask=attention_mask[:, :prompt_len],
                 responses=responses, mask=mask, truncated=truncated, rewards=rewards,
@@ -421,7 +432,7 @@ if __name__ == "__main__":
                 break
         # Signal groups first, in sampling order; a shortfall is filled with zero-signal groups, masked out below.
         sampled_signal = torch.cat([r["signal"] for r in rounds])
-        keep = torch.argsort((~sampled_signal).int(), stable=True)[:batch_size]
+        keep = fill_batch(sampled_signal, batch_size)
         signal, truncated, rewards = (torch.cat([r[k] for r in rounds])[keep] for k in ("signal", "truncated", "rewards"))
         prompt_ids = pad_cat([r["prompt_ids"] for r in rounds], tokenizer.pad_token_id, left=True)[keep]
         prompt_mask = pad_cat([r["prompt_mask"] for r in rounds], 0, left=True)[keep]

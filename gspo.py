@@ -52,7 +52,7 @@ class Args:
     model: str = "common/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
-    """verifiable task from common/tasks.py: addition, subtraction or multiplication"""
+    """verifiable task from common/tasks.py: addition (the only one the tiny model knows), subtraction, multiplication"""
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
     prompts_per_iteration: int = 32

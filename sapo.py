@@ -52,7 +52,7 @@ class Args:
     model: str = "common/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
-    """verifiable task from common/tasks.py: addition, subtraction or multiplication"""
+    """verifiable task from common/tasks.py: addition (the only one the tiny model knows), subtraction, multiplication"""
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
     prompts_per_iteration: int = 32
@@ -176,7 +176,7 @@ def policy_loss(
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
     adv = advantages.unsqueeze(1)
     # eq. (118): the temperature depends on the sign of the response's advantage
-    tau = torch.where(adv > 0, tau_pos, tau_neg)
+    tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))
     # eq. (117): soft gate instead of the clip; its slope in r is 1 at r = 1 and decays smoothly
     per_token = 4 / tau * torch.sigmoid(tau * (ratio - 1)) * adv
     if ref_logprobs is not None and beta > 0:

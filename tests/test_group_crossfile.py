@@ -38,13 +38,6 @@ MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo":
 F64 = torch.float64
 
 
-# sapo.py builds τ with torch.where(adv > 0, tau_pos, tau_neg), which is float32 whatever the input dtype,
-# so its float64 losses carry float32 rounding of τ (τ = 1.05 → 1.0499999523, 4/τ rounded): SAPO comparisons
-# use this tolerance, far below the error of any broken relation. test_sapo_computes_in_the_input_dtype pins
-# the cause; once it passes (XPASS fails the strict mark), drop the mark and set SAPO_TOL back to 1e-12.
-SAPO_TOL = 1e-6
-
-
 def close(actual, expected, tol=1e-12):
     """Equal to float64 precision."""
     torch.testing.assert_close(actual, expected, rtol=tol, atol=tol)
@@ -228,7 +221,7 @@ def test_gradient_at_ratio_one_grpo_sapo_gspo_agree(seed):
         module = MODULES[name.split("_other")[0]]
         _, grads[name] = loss_and_grad(module, old, old, advantages, mask, beta=0.0, **kwargs)
     for name, grad in grads.items():
-        close(grad, expected, tol=SAPO_TOL if name.startswith("sapo") else 1e-12)
+        close(grad, expected, tol=1e-12)
 
 
 def test_gradient_at_ratio_one_dr_grpo_and_dapo_differ_only_by_aggregation_weights():
@@ -294,8 +287,8 @@ def test_sapo_gate_shape():
     above, below = torch.linspace(1.0, 4.0, 61, dtype=F64), torch.linspace(1.0, 0.05, 61, dtype=F64)
     for advantage in (1.0, -1.0):
         up, down = sapo_gate(above, advantage), sapo_gate(below, advantage)
-        close(up[0], torch.tensor(1.0, dtype=F64), tol=SAPO_TOL)
-        close(down[0], torch.tensor(1.0, dtype=F64), tol=SAPO_TOL)
+        close(up[0], torch.tensor(1.0, dtype=F64), tol=1e-12)
+        close(down[0], torch.tensor(1.0, dtype=F64), tol=1e-12)
         assert (up.diff() < 0).all() and (down.diff() < 0).all()  # strictly decaying away from r = 1
         assert (up > 0).all() and (down > 0).all()
 
@@ -319,8 +312,8 @@ def test_sapo_gate_closed_form_is_sech_squared(tau_pos, tau_neg):
     for advantage, tau in ((2.0, tau_pos), (-0.5, tau_neg)):
         x = tau * (ratios - 1)
         gate = sapo_gate(ratios, advantage, tau_pos=tau_pos, tau_neg=tau_neg)
-        close(gate, 1 / torch.cosh(x / 2) ** 2, tol=SAPO_TOL)
-        close(gate, 4 * torch.sigmoid(x) * (1 - torch.sigmoid(x)), tol=SAPO_TOL)
+        close(gate, 1 / torch.cosh(x / 2) ** 2, tol=1e-12)
+        close(gate, 4 * torch.sigmoid(x) * (1 - torch.sigmoid(x)), tol=1e-12)
 
 
 # ---------------------------------------------------------------- 8. DAPO micro-batches = the whole batch
@@ -363,21 +356,10 @@ def test_dapo_naive_micro_batch_token_means_differ_when_lengths_differ():
 
 # ---------------------------------------------------------------- 9. DAPO dynamic sampling
 
-SIGNAL_RULE = "signal = (grouped != grouped[:, :1]).any(dim=1)"
-
-
-def signal_groups(rewards, group_size):
-    """dapo.py's rule (main loop): a group carries signal iff its rewards are not all equal."""
-    grouped = rewards.view(-1, group_size)
-    return (grouped != grouped[:, :1]).any(dim=1)
-
-
 def test_dapo_signal_rule_is_nonzero_advantage():
     """Dynamic sampling drops the groups whose rewards are all equal because their advantages are exactly 0
     (eq. 90-91: no gradient). The rule in dapo.py's main loop must flag exactly the groups with a nonzero
     advantage under dapo.compute_advantages, including rewards shifted by the overlong penalty."""
-    with open(os.path.join(ROOT, "dapo.py")) as f:
-        assert SIGNAL_RULE in f.read(), "dapo.py's dynamic-sampling rule changed: update this test"
     group_size, g = 4, torch.Generator().manual_seed(17)
     rewards = torch.randint(0, 2, (40 * group_size,), generator=g).float()  # many all-0 / all-1 groups
     lengths = torch.randint(1, 9, (40 * group_size,), generator=g).float()
@@ -385,11 +367,26 @@ def test_dapo_signal_rule_is_nonzero_advantage():
     # seven equal rewards of 0.1: their float mean is not exactly 0.1, yet the group has no signal
     equal = torch.cat([torch.full((7,), 0.1), torch.tensor([0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1])])
     for r, size in ((rewards, group_size), (shaped, group_size), (equal, 7)):
-        signal = signal_groups(r, size)
+        signal = dapo.has_signal(r, size).view(-1, size)[:, 0]
         nonzero = (dapo.compute_advantages(r, size).view(-1, size) != 0).any(dim=1)
         assert torch.equal(signal, nonzero)
     assert signal.tolist() == [False, True]
-    assert (~signal_groups(rewards, group_size)).sum() > 5  # the test data has zero-signal groups
+    assert (~dapo.has_signal(rewards, group_size)).sum() > 5 * group_size  # the test data has zero-signal groups
+
+
+def test_dapo_fill_batch_puts_signal_groups_first_and_keeps_groups_whole():
+    """dapo.fill_batch picks the batch rows: every signal group (in sampling order) before any zero-signal
+    group, so a batch never holds a zero-signal group while a signal group was left out; groups stay whole."""
+    group_size = 4
+    # 6 groups sampled over two rounds; groups 1, 3 and 4 have signal
+    rewards = torch.tensor([1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1.0])
+    signal = dapo.has_signal(rewards, group_size)
+    assert signal.view(-1, group_size)[:, 0].tolist() == [False, True, False, True, True, False]
+    keep = dapo.fill_batch(signal, batch_size=8)  # room for 2 groups: the first two signal groups
+    assert keep.tolist() == [4, 5, 6, 7, 12, 13, 14, 15] and signal[keep].all()
+    keep = dapo.fill_batch(signal, batch_size=16)  # 3 signal groups, then the first zero-signal group fills
+    assert keep.tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 16, 17, 18, 19, 0, 1, 2, 3]
+    assert signal[keep].tolist() == [True] * 12 + [False] * 4
 
 
 def test_dapo_zero_signal_rows_get_no_gradient():
@@ -485,11 +482,9 @@ def test_seed_ppo_clip_example_in_ppo():
 def test_seed_sapo_gate_is_one_at_ratio_one(advantage, tau_pos, tau_neg):
     """Seed eq. (120) at r = 1: g = 4σ(0)(1 − σ(0)) = 1 for any τ, so on-policy SAPO has GRPO's gradient."""
     gate = sapo_gate(torch.ones(3, dtype=F64), advantage, tau_pos=tau_pos, tau_neg=tau_neg)
-    close(gate, torch.ones(3, dtype=F64), tol=SAPO_TOL)
+    close(gate, torch.ones(3, dtype=F64), tol=1e-12)
 
 
-@pytest.mark.xfail(strict=True, reason="sapo.py: tau = torch.where(adv > 0, tau_pos, tau_neg) is float32 whatever the "
-                   "input dtype, so τ = 1.05 becomes 1.0499999523 and 4/τ is rounded to float32; remove this mark once fixed")
 def test_sapo_computes_in_the_input_dtype():
     """In float64 SAPO's gate must be sech²(τ(r − 1)/2) to float64 precision with τ exactly as given
     (like every other file's loss, nothing inside policy_loss may drop to float32); τ_neg = 1.05 and

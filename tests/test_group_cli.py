@@ -1,0 +1,50 @@
+"""The four grpo.py variants from the command line: a short smoke run each (dapo.py's is in
+test_group_crossfile.py), and their own flags' bad input, checked in-process (DESIGN §7)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+import dapo
+import dr_grpo
+import gspo
+import sapo
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize("script", ["dr_grpo.py", "gspo.py", "sapo.py"])
+def test_smoke_run_writes_tensorboard(script, tmp_path):
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, script), "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.startswith(f"addition__{script[:-3]}__1__")
+    assert any(f.name.startswith("events.out.tfevents") for f in run_dir.iterdir())
+    assert "iteration    2/2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "module, field, value, flag",
+    [
+        (dr_grpo, "clip_eps", 0.0, "--clip-eps"),
+        (dapo, "clip_eps_low", 1.0, "--clip-eps-low"),
+        (dapo, "clip_eps_high", -0.1, "--clip-eps-high"),
+        (dapo, "overlong_buffer", 8, "--overlong-buffer"),  # must stay below --max-new-tokens (8)
+        (dapo, "max_sampling_rounds", 0, "--max-sampling-rounds"),
+        (gspo, "clip_eps_low", 0.0, "--clip-eps-low"),
+        (gspo, "clip_eps_high", 0.0, "--clip-eps-high"),
+        (sapo, "tau_pos", 0.0, "--tau-pos"),
+        (sapo, "tau_neg", -1.0, "--tau-neg"),
+        (sapo, "group_size", 1, "--group-size"),
+    ],
+)
+def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
+    with pytest.raises(SystemExit) as e:
+        module.check_args(module.Args(**{field: value}))
+    message = str(e.value)
+    assert message.startswith(f"error: {flag} ") and "\n" not in message
