@@ -216,7 +216,7 @@ def curve(fam, scalars):
     return [p[0] for p in pts], [p[1] for p in pts]
 
 
-def plot(path, fam, label, threshold, curves):
+def plot(path, fam, label, thresholds, curves):
     """Median over seeds per algorithm, shaded min-max, on a common grid (step-wise interpolation)."""
     try:
         import matplotlib
@@ -244,7 +244,7 @@ def plot(path, fam, label, threshold, curves):
         xs = [x for x, _ in pts]
         line, = ax.plot(xs, [statistics.median(v) for _, v in pts], label=f"{algo} (n={len(runs)})")
         ax.fill_between(xs, [min(v) for _, v in pts], [max(v) for _, v in pts], color=line.get_color(), alpha=0.2)
-    if threshold is not None:
+    for threshold in thresholds:
         ax.axhline(threshold, color="grey", ls="--", lw=1)
     ax.set_xlabel(fam.x_name)
     ax.set_ylabel(("mean of last 20 episodic returns" if fam is CLASSIC else "held-out accuracy"))
@@ -266,8 +266,8 @@ def main(argv=None):
     p.add_argument("--algos", nargs="+", required=True, help="scripts to run, e.g. vpg a2c trpo ppo (or grpo dapo ...)")
     p.add_argument("--env-id", default="CartPole-v1", help="environment for the classic scripts")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds to run each script with")
-    p.add_argument("--threshold", type=float, default=None,
-                   help="score that counts as reached (default: per env for classic, 0.9 accuracy for group)")
+    p.add_argument("--threshold", type=float, nargs="+", default=None,
+                   help="score(s) that count as reached, one table each (default: per env for classic, 0.9 accuracy for group)")
     p.add_argument("--core", type=int, default=0, help="CPU core to pin each run to with taskset (default 0)")
     p.add_argument("--no-pin", action="store_true", help="do not pin runs with taskset")
     p.add_argument("--out", default=None, help="also write the markdown tables to this file")
@@ -282,9 +282,7 @@ def main(argv=None):
     missing = [a for a in args.algos if not os.path.exists(os.path.join(ROOT, f"{a}.py"))]
     if missing:
         raise SystemExit(f"error: --algos: no script {', '.join(m + '.py' for m in missing)} in {ROOT}")
-    threshold = args.threshold
-    if threshold is None:
-        threshold = fam.default_thresholds.get(args.env_id, fam.fallback_threshold)
+    thresholds = args.threshold or [fam.default_thresholds.get(args.env_id, fam.fallback_threshold)]
     pin = None if args.no_pin else args.core
     if pin is not None and shutil.which("taskset") is None:
         print("warning: taskset not found, runs are not pinned to a core", file=sys.stderr)
@@ -293,22 +291,24 @@ def main(argv=None):
     if extra:
         label += f" ({' '.join(extra)})"
 
-    results, curves = {}, {}
+    results = {threshold: {} for threshold in thresholds}  # the same runs, tabulated once per threshold
+    curves = {}
     for algo in args.algos:
-        results[algo], curves[algo] = [], []
+        curves[algo] = []
         for seed in args.seeds:
             scalars, launch, run_seconds = run_one(algo, seed, args.env_id, extra, pin, args.keep)
-            row = summarise(fam, scalars, threshold, launch)
-            row["run_s"] = run_seconds
-            results[algo].append((seed, row))
+            for threshold in thresholds:
+                row = summarise(fam, scalars, threshold, launch)
+                row["run_s"] = run_seconds
+                results[threshold].setdefault(algo, []).append((seed, row))
             curves[algo].append(curve(fam, scalars))
-    text = markdown(fam, label, threshold, results)
+    text = "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
     if args.plot:
-        plot(args.plot, fam, label, threshold, curves)
+        plot(args.plot, fam, label, thresholds, curves)
 
 
 if __name__ == "__main__":
