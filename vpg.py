@@ -9,7 +9,7 @@ The baseline V(s_t) (eq. 41-42) does not change the expected gradient, only its 
 estimator G_t - V(s_t) is the advantage of eq. (46). The critic V is then fitted to the returns by a
 few epochs of least-squares regression. G_t - V(s_t) comes from compute_gae with lambda = 1 (eq. 80-81):
 the return of an episode still running when the batch ends is completed with V of the last state,
-and an episode cut by the time limit is completed with V of its final state (DESIGN §3).
+and an episode cut by the time limit is completed with V of its final observation.
 
 Compared with its siblings:
   - a2c.py uses short rollouts and bootstraps from the critic (n-step returns), and trains actor
@@ -57,7 +57,7 @@ class Args:
     """Adam step size of the critic"""
     anneal_lr: bool = True
     """decay the learning rate linearly to 0 over the run"""
-    gamma: float = 0.99
+    gamma: float = 0.98
     """discount factor"""
     gae_lambda: float = 1.0
     """GAE lambda (eq. 80): 1 = Monte-Carlo reward-to-go (VPG), < 1 = GAE"""
@@ -76,7 +76,7 @@ class Args:
 
 
 def check_args(args: Args) -> None:
-    """Exit with one clear line if an argument is out of range (DESIGN §7), before any env is built."""
+    """Exit with one clear line if an argument is out of range, before any env is built."""
     if args.env_id not in gym.envs.registry:
         raise SystemExit(f"error: --env-id {args.env_id!r} is not a registered gymnasium environment "
                          "(e.g. CartPole-v1, Acrobot-v1, Pendulum-v1, MountainCarContinuous-v0)")
@@ -139,7 +139,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     [N], for the observation that follows the last step. dones[t] = 1 means obs[t] arrived with
     terminated or truncated, i.e. the episode ended at step t-1: nothing flows back across it.
     Time-limit truncation is NOT a termination: the caller has already added gamma * V(final obs)
-    to the reward of a truncated step, so cutting there still bootstraps (DESIGN §3).
+    to the reward of a truncated step, so cutting there still bootstraps.
     """
     values = torch.cat([values, next_value[None]])
     dones = torch.cat([dones, next_done[None]])
@@ -243,7 +243,8 @@ if __name__ == "__main__":
     from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
 
     writer = SummaryWriter(f"runs/{run_name}")
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     # Seeding: the same seed gives the same run twice on CPU.
     random.seed(args.seed)
@@ -263,10 +264,8 @@ if __name__ == "__main__":
     # Rollout storage, time-major: [num_steps, num_envs, ...]
     obs = torch.zeros((args.num_steps, args.num_envs, obs_dim))
     actions = torch.zeros((args.num_steps, args.num_envs) + envs.single_action_space.shape)
-    logprobs = torch.zeros((args.num_steps, args.num_envs))
     rewards = torch.zeros((args.num_steps, args.num_envs))
     dones = torch.zeros((args.num_steps, args.num_envs))
-    values = torch.zeros((args.num_steps, args.num_envs))
 
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
@@ -283,16 +282,13 @@ if __name__ == "__main__":
             policy_optimizer.lr = args.learning_rate * frac
             value_optimizer.lr = args.vf_learning_rate * frac
 
-        # 1. Sampling: roll out the current policy (section 3.3, step 1).
+        # 1. Sampling: run the current policy pi_old for num_steps steps in every env.
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step] = next_obs
             dones[step] = next_done
             with torch.no_grad():
-                dist = agent.get_dist(next_obs)
-                action = dist.sample()
-                logprobs[step] = dist.log_prob(action)
-                values[step] = agent.get_value(next_obs)
+                action = agent.get_dist(next_obs).sample()
             actions[step] = action
             env_action = action.numpy()
             if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action
@@ -307,14 +303,18 @@ if __name__ == "__main__":
                     reward = reward + args.gamma * truncated * agent.get_value(next_obs).numpy()
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32)
             next_done = torch.as_tensor(terminations | truncations, dtype=torch.float32)
-            if "episode" in infos:
-                for ret, length in zip(infos["episode"]["r"][infos["_episode"]], infos["episode"]["l"][infos["_episode"]]):
+            if "episode" in infos:  # RecordEpisodeStatistics: the envs whose episode ended at this step
+                finished = infos["_episode"]
+                for ret, length in zip(infos["episode"]["r"][finished], infos["episode"]["l"][finished]):
                     recent_returns.append(ret)
                     writer.add_scalar("charts/episodic_return", ret, global_step)
                     writer.add_scalar("charts/episodic_length", length, global_step)
 
         # 2. Reward-to-go minus baseline, eq. (38) and (46): eq. (80)-(81) with lambda = 1.
         with torch.no_grad():
+            # log pi_old(a|s) and V_old(s) of the whole rollout in one batched pass (cheaper than per step)
+            logprobs = agent.get_dist(obs).log_prob(actions)
+            values = agent.get_value(obs)
             next_value = agent.get_value(next_obs)
             advantages, returns = compute_gae(rewards, values, dones, next_value, next_done,
                                               args.gamma, args.gae_lambda)
@@ -348,7 +348,7 @@ if __name__ == "__main__":
         minibatch_size = -(-len(b_obs) // args.num_minibatches)  # ceil: the batch size varies a little
         for epoch in range(args.update_epochs):
             for mb in torch.randperm(len(b_obs)).split(minibatch_size):
-                v_loss = 0.5 * ((agent.get_value(b_obs[mb]) - b_returns[mb]) ** 2).mean()
+                v_loss = 0.5 * ((agent.get_value(b_obs[mb]) - b_returns[mb]) ** 2).mean()  # eq. (82)
                 value_optimizer.zero_grad()
                 v_loss.backward()
                 nn.utils.clip_grad_norm_(agent.critic.parameters(), args.max_grad_norm)
@@ -370,7 +370,8 @@ if __name__ == "__main__":
         path = f"runs/{run_name}/{algo}.pt"
         checkpoint = {"agent": agent.state_dict(), "args": vars(args)}
         if args.norm_obs:  # the agent only understands observations normalised with these statistics
-            checkpoint["obs_mean"], checkpoint["obs_var"] = torch.tensor(envs.obs_rms.mean), torch.tensor(envs.obs_rms.var)
+            checkpoint["obs_mean"] = torch.tensor(envs.obs_rms.mean)
+            checkpoint["obs_var"] = torch.tensor(envs.obs_rms.var)
         torch.save(checkpoint, path + ".tmp")
         os.replace(path + ".tmp", path)
         print(f"saved {path}")

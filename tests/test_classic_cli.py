@@ -1,4 +1,4 @@
-"""Classic control from the command line: bad input (DESIGN §7), smoke runs, seeding, saving, learning.
+"""Classic control from the command line: bad input, smoke runs, seeding, saving, learning.
 
 Bad input is checked in-process (each python process costs seconds); the smoke runs are real
 subprocesses, one per script and env, run in parallel; seeding and learning run the scripts'
@@ -169,7 +169,7 @@ def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path):
         assert proc.returncode == 0, f"{name} {env_id}:\n{err[-2000:]}"
         assert "step     1024 | return" in out, out  # the console line of the last iteration
         (run_dir,) = (cwd / "runs").iterdir()
-        assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # DESIGN §2 run_name
+        assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # run_name = {env}__{algo}__{seed}__{time}
         scalars = read_scalars(str(run_dir))
         expected = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
                     "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"}

@@ -1,6 +1,6 @@
 """Classic control: the pure functions of vpg.py, a2c.py, trpo.py, ppo.py and the relations between them.
 
-DESIGN §8: PPO inside the clip band = -TRPO surrogate; grad PPO = grad VPG at ratio 1; compute_gae is the
+The relations: PPO inside the clip band = -TRPO surrogate; grad PPO = grad VPG at ratio 1; compute_gae is the
 same in every file and matches a hand-computed example with a truncation and a termination; conjugate
 gradient solves an SPD system; log-probs and entropies match their closed forms; the seed's clip example.
 """

@@ -1,0 +1,80 @@
+"""common/benchmark.py: threshold detection, tables for both families, and one end-to-end run."""
+import math
+
+import pytest
+
+from common import benchmark as B
+
+
+def test_running_means():
+    assert B.running_means([1, 2, 3, 4], 2) == [None, 1.5, 2.5, 3.5]
+    assert B.running_means([5], 3) == [None]
+
+
+def _classic_scalars(returns, t0=100.0, steps_per_episode=500):
+    ev = [(t0 + 0.5 * i, steps_per_episode * (i + 1), r) for i, r in enumerate(returns)]
+    return {"charts/episodic_return": ev, "charts/SPS": [(t0, 1, 900.0), (t0 + 9, 2, 1000.0)]}
+
+
+def test_classic_threshold_is_mean_of_last_20_returns():
+    # the window of the first 20 episodes has mean (10 + 19 * 490) / 20 = 466 < 475; the next one,
+    # (19 * 490 + 500) / 20 = 490.5, is the first "reached": episode 21, logged at step 21 * 500
+    returns = [10.0] + [490.0] * 19 + [500.0] * 5
+    row = B.summarise(B.CLASSIC, _classic_scalars(returns), 475.0, launch_time=98.0)
+    assert row["x_to"] == 500 * 21
+    assert row["s_to"] == pytest.approx(100.0 + 0.5 * 20 - 98.0)  # event wall time - launch time
+    assert row["final"] == pytest.approx((15 * 490 + 5 * 500) / 20)
+    assert row["sps"] == 1000.0
+    never = B.summarise(B.CLASSIC, _classic_scalars([100.0] * 30), 475.0, launch_time=0.0)
+    assert math.isnan(never["x_to"]) and math.isnan(never["s_to"])
+
+
+def test_group_family_reads_accuracy_and_perf_tags():
+    scalars = {
+        "charts/accuracy": [(10.0, 5, 0.5), (20.0, 10, 0.92), (30.0, 15, 0.88), (40.0, 20, 0.95)],
+        "charts/response_length": [(0, 1, 4.0), (0, 2, 6.0)],
+        "losses/clipfrac": [(0, 1, 0.1), (0, 2, 0.3)],
+        "charts/tokens_per_second": [(0, 1, 100.0)],
+        "charts/samples_per_second": [(0, 1, 10.0)],
+        "perf/generate_seconds": [(0, 1, 1.0), (0, 2, 3.0)],
+        "perf/logprob_seconds": [(0, 1, 0.5)],
+        "perf/update_seconds": [(0, 1, 0.25)],
+    }
+    assert B.family_of("dapo") is B.GROUP and B.family_of("ppo") is B.CLASSIC
+    row = B.summarise(B.GROUP, scalars, 0.9, launch_time=5.0)
+    assert (row["x_to"], row["s_to"]) == (10, 15.0)  # the first evaluation >= 0.9
+    assert row["final"] == pytest.approx((0.92 + 0.88 + 0.95) / 3)  # mean of the last 3 evaluations
+    assert (row["length"], row["clipfrac"], row["t_gen"]) == pytest.approx((5.0, 0.2, 2.0))
+    row["run_s"] = 50.0
+    text = B.markdown(B.GROUP, "group methods", 0.9, {"grpo": [(1, row), (2, dict(row, x_to=float("nan")))]})
+    assert "| grpo | 1 | 10 | 15.0 | 0.917 | 5.0 | 0.200 | 100 | 10.0 | 2.00 / 0.50 / 0.25 | 50.0 |" in text
+    assert "| grpo | 1/2 |" in text  # one seed of two reached the threshold
+
+
+def test_medians_count_unreached_seeds_as_infinite():
+    rows = [{"x_to": 10.0, "s_to": 1.0, "final": 1.0}, {"x_to": float("nan"), "s_to": float("nan"), "final": 3.0},
+            {"x_to": float("nan"), "s_to": float("nan"), "final": 2.0}]
+    med = B.median_row(rows)
+    assert math.isnan(med["x_to"]) and med["final"] == 2.0  # 2 of 3 never reached: no median
+    med = B.median_row(rows[:2] + [{"x_to": 30.0, "s_to": 3.0, "final": 2.0}])
+    assert med["x_to"] == 30.0 and med["s_to"] == 3.0
+
+
+def test_unknown_algo_is_a_clear_error():
+    with pytest.raises(SystemExit, match="unknown algorithm 'ppo2'"):
+        B.main(["--algos", "ppo2"])
+    with pytest.raises(SystemExit, match="mix of classic and group"):
+        B.main(["--algos", "ppo", "grpo"])
+
+
+def test_end_to_end_ppo(tmp_path, capsys):
+    out = tmp_path / "table.md"
+    B.main(["--algos", "ppo", "--seeds", "1", "--no-pin", "--threshold", "30", "--out", str(out),
+            "--", "--total-timesteps", "4096", "--num-envs", "4", "--num-steps", "128"])
+    text = capsys.readouterr().out
+    assert text.strip() == out.read_text().strip()
+    (row,) = [line for line in text.splitlines() if line.startswith("| ppo | 1 |")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    steps_to, seconds_to, final = int(cells[2].replace(",", "")), float(cells[3]), float(cells[4])
+    assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30
+    assert "| ppo | 1/1 |" in text
