@@ -6,9 +6,12 @@ from the critic, then runs `update_epochs` epochs of minibatch gradient steps on
 
     L = mean_i[ min(r_i A_i, clip(r_i, 1-eps, 1+eps) A_i) ] - c1 * value loss + c2 * entropy   (eq. 85)
 
-with the probability ratio r_i = pi(a_i|s_i) / pi_old(a_i|s_i) (eq. 76) and the clipped term of
-eq. (78)-(79). The clip removes the incentive to move r_i out of [1-eps, 1+eps], which is what
-makes several epochs on the same on-policy batch safe.
+with the probability ratio r_i = pi(a_i|s_i) / pi_old(a_i|s_i) (eq. 76), the clipped term of
+eq. (78)-(79) and the squared-error value loss of eq. (82). The clip removes the incentive to move
+r_i out of [1-eps, 1+eps], which is what makes several epochs on the same on-policy batch safe.
+Standard PPO practice beyond the seed: advantages normalised per batch, the gradient norm clipped,
+the learning rate decayed linearly to 0, and (optional, --target-kl) the epochs stopped early
+once the policy has moved too far.
 
 Compared with its siblings:
   - a2c.py takes ONE gradient step per rollout on -mean(log pi * A) (no ratio, no clip);
@@ -17,10 +20,12 @@ Compared with its siblings:
   - vpg.py is REINFORCE with a learned baseline: Monte-Carlo returns, one policy step per batch.
 `diff ppo.py a2c.py` (or trpo.py, vpg.py) shows exactly those differences.
 
-Defaults are tuned for CartPole-v1 (solved in ~10 s on one CPU core, see README).
+Defaults are tuned for CartPole-v1: a mean return of 475 over the last 20 episodes after ~21k
+steps, about 4 s on one CPU core counted from process start (README, "Speed").
 Run: python ppo.py --help
 """
 
+import difflib
 import os
 import random
 import time
@@ -82,8 +87,9 @@ class Args:
 def check_args(args: Args) -> None:
     """Exit with one clear line if an argument is out of range, before any env is built."""
     if args.env_id not in gym.envs.registry:
-        raise SystemExit(f"error: --env-id {args.env_id!r} is not a registered gymnasium environment "
-                         "(e.g. CartPole-v1, Acrobot-v1, Pendulum-v1, MountainCarContinuous-v0)")
+        close = difflib.get_close_matches(args.env_id, gym.envs.registry.keys(), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "e.g. CartPole-v1, Acrobot-v1, Pendulum-v1"
+        raise SystemExit(f"error: --env-id {args.env_id!r} is not a registered gymnasium environment ({hint})")
     positive = [
         ("--total-timesteps", args.total_timesteps),
         ("--num-envs", args.num_envs),
@@ -96,7 +102,7 @@ def check_args(args: Args) -> None:
     for flag, value in positive:
         if not value > 0:
             raise SystemExit(f"error: {flag} must be > 0 (got {value})")
-    if args.num_steps < 2:  # with NEXT_STEP autoreset every other step can be a reset step
+    if args.num_steps < 2:  # a 1-step rollout can hold only an autoreset step (see make_envs): no sample
         raise SystemExit(f"error: --num-steps must be >= 2 (got {args.num_steps})")
     batch_size = args.num_envs * args.num_steps
     if args.total_timesteps < batch_size:
@@ -223,8 +229,9 @@ class Agent(nn.Module):
 class Adam:
     """Adam (Kingma & Ba, 2015): the update of torch.optim.Adam, written out in a few lines.
 
-    Why not torch.optim? Its first use imports torch._dynamo, which costs ~1.2 s of start-up on a
-    CPU: more than importing torch, and a fifth of the time ppo.py needs to solve CartPole.
+    Why not torch.optim? Constructing any torch.optim optimizer imports torch._dynamo, which costs
+    1.2-1.5 s of start-up on a CPU: about as much as importing torch, and a quarter of the time
+    ppo.py needs to solve CartPole. The update is the same (tests/test_classic_losses.py checks it).
     """
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-5):
