@@ -177,7 +177,7 @@ def normalize(x):
 
 def policy_loss(logprobs, old_logprobs, advantages, clip_eps):
     """PPO clipped surrogate, eq. (76)-(79), negated to be minimised."""
-    ratio = torch.exp(logprobs - old_logprobs)  # eq. (76)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite
     clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps)
     return -torch.min(ratio * advantages, clipped * advantages).mean()  # eq. (78), (79)
 

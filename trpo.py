@@ -179,7 +179,7 @@ def normalize(x):
 
 def surrogate(logprobs, old_logprobs, advantages):
     """Importance-sampled surrogate L(theta) = mean(r * A), eq. (69), to be MAXIMISED."""
-    ratio = torch.exp(logprobs - old_logprobs)  # eq. (76)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite
     return (ratio * advantages).mean()
 
 

@@ -277,3 +277,15 @@ def test_adam_matches_torch_optim(name):
             opt.step()
     for pa, pb in zip(net_a.parameters(), net_b.parameters()):
         torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6)
+
+
+def test_far_off_policy_ratios_stay_finite():
+    """Ratios of exp(±50) and beyond (DESIGN §7): PPO's loss and TRPO's surrogate stay finite, gradients too."""
+    import ppo
+    import trpo
+
+    logprobs = torch.tensor([100.0, -100.0, 50.0, -50.0], requires_grad=True)
+    old, advantages = torch.zeros(4), torch.tensor([1.0, -1.0, -1.0, 1.0])
+    for value in (ppo.policy_loss(logprobs, old, advantages, 0.2), trpo.surrogate(logprobs, old, advantages)):
+        (grad,) = torch.autograd.grad(value, logprobs)
+        assert torch.isfinite(value) and torch.isfinite(grad).all()
