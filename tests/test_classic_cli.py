@@ -101,8 +101,23 @@ class _MultiBinaryActionEnv(gym.Env):
     action_space = gym.spaces.MultiBinary(3)
 
 
+class _ConstantRewardEnv(gym.Env):
+    """Same observation, reward 1 at every step, never terminates; the time limit cuts it every 2 steps."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
 gym.register("TestDictObs-v0", entry_point=_DictObsEnv)
 gym.register("TestMultiBinaryAction-v0", entry_point=_MultiBinaryActionEnv)
+gym.register("TestConstantReward-v0", entry_point=_ConstantRewardEnv, max_episode_steps=2)
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -210,3 +225,18 @@ def test_ppo_learns_cartpole(in_process):
     # a random policy scores ~20; after 16k steps the default ppo.py is far above it
     returns = _returns(in_process("ppo", ["--total-timesteps", "16384", "--seed", "1"]))
     assert np.mean(returns[-10:]) > 150, returns[-10:]
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_truncation_bootstraps_and_autoreset_steps_are_dropped(name, in_process):
+    """The main loop, not just compute_gae: on an endless reward-1 task cut every 2 steps by the time
+    limit, the critic must learn V = 1 / (1 - gamma) = 10. Treating the cut as a termination would
+    teach the 2-step return (~1.5); letting the reward-0 autoreset steps into the batch, ~6.7."""
+    argv = ["--env-id", "TestConstantReward-v0", "--gamma", "0.9", "--num-envs", "4", "--save-model"]
+    argv += ["--total-timesteps", "4096", "--num-steps", "8", "--learning-rate", "0.01"] if name == "a2c" else \
+        ["--total-timesteps", "8192", "--num-steps", "64"]
+    run_dir = in_process(name, argv)
+    agent = MODULES[name].Agent(2, gym.spaces.Discrete(2))
+    agent.load_state_dict(torch.load(run_dir / f"{name}.pt")["agent"])
+    value = agent.get_value(torch.zeros(1, 2)).item()
+    assert 9.5 < value < 10.5, value
