@@ -240,3 +240,10 @@ def test_truncation_bootstraps_and_autoreset_steps_are_dropped(name, in_process)
     agent.load_state_dict(torch.load(run_dir / f"{name}.pt")["agent"])
     value = agent.get_value(torch.zeros(1, 2)).item()
     assert 9.5 < value < 10.5, value
+
+
+def test_trpo_steps_stay_in_the_trust_region(in_process):
+    # every accepted step: exact mean KL(pi_old || pi) <= delta (eq. 70), and the policy does move
+    run_dir = in_process("trpo", ["--total-timesteps", "8192", "--num-envs", "4", "--num-steps", "128", "--max-kl", "0.005"])
+    kls = [v for _, _, v in read_scalars(str(run_dir))["losses/approx_kl"]]
+    assert len(kls) == 16 and max(kls) <= 0.005 and sum(k > 0.001 for k in kls) >= 8, kls
