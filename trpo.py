@@ -3,7 +3,8 @@
 Seed 000, section 4.6. Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and
 approximately solves
 
-    max_theta  L(theta) = mean_t[ r_t(theta) A_t ]       s.t.  mean_t KL(pi_old || pi_theta) <= delta   (eq. 68-70)
+    max_theta  L(theta) = mean_t[ r_t(theta) A_t ]                                   (eq. 69)
+    s.t.       mean_t KL(pi_old(.|s_t) || pi_theta(.|s_t)) <= delta                   (eq. 70)
 
 with r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t). Linearising L (gradient g, eq. 71) and taking the KL
 to second order (Fisher matrix A, eq. 72) gives the direction s = A^-1 g (eq. 73), found by conjugate
@@ -286,6 +287,7 @@ class Adam:
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
+    envs = make_envs(args)  # exits with one clear line if the env's spaces are not supported
     algo = os.path.basename(__file__)[: -len(".py")]
     run_name = f"{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
     from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
@@ -302,7 +304,6 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
 
-    envs = make_envs(args)
     obs_dim = envs.single_observation_space.shape[0]
     agent = Agent(obs_dim, envs.single_action_space)
     actor_params = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]

@@ -242,6 +242,7 @@ class Adam:
 if __name__ == "__main__":
     args = tyro.cli(Args)
     check_args(args)
+    envs = make_envs(args)  # exits with one clear line if the env's spaces are not supported
     algo = os.path.basename(__file__)[: -len(".py")]
     run_name = f"{args.env_id}__{algo}__{args.seed}__{int(time.time())}"
     from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
@@ -258,7 +259,6 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     torch.distributions.Distribution.set_default_validate_args(False)
 
-    envs = make_envs(args)
     obs_dim = envs.single_observation_space.shape[0]
     agent = Agent(obs_dim, envs.single_action_space)
     actor_params = [p for name, p in agent.named_parameters() if not name.startswith("critic.")]
