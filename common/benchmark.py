@@ -13,7 +13,8 @@ they include Python start-up and imports.
 The algorithm name decides the family:
   classic (vpg a2c trpo ppo): x = env steps; "reached" = mean of the last 20 episodic returns
       >= threshold (default per env: CartPole-v1 475, Acrobot-v1 -100, Pendulum-v1 -250);
-      columns: steps and seconds to threshold, final return (mean of last 20), SPS.
+      columns: steps and seconds to threshold, the lowest running mean after reaching it (did it
+      hold?), final return (mean of last 20), SPS.
   group (grpo dr_grpo dapo gspo sapo): x = iteration; "reached" = a held-out accuracy evaluation
       >= threshold (default 0.9); columns: iterations and seconds to threshold, final accuracy
       (mean of the last 3 evaluations), response length, clip fraction, tokens/s, samples/s and
@@ -102,11 +103,13 @@ def mean_of(scalars, tag, last=None):
 def summarise(fam, scalars, threshold, launch_time):
     """One row of numbers for one run (NaN where a quantity is missing)."""
     events = scalars.get(fam.metric, [])
-    row = {"x_to": float("nan"), "s_to": float("nan")}
+    row = {"x_to": float("nan"), "s_to": float("nan"), "low_after": float("nan")}
+    means = running_means([v for _, _, v in events], fam.window)
     if threshold is not None:
-        for (wall, step, _), m in zip(events, running_means([v for _, _, v in events], fam.window)):
+        for i, ((wall, step, _), m) in enumerate(zip(events, means)):
             if m is not None and m >= threshold:
                 row["x_to"], row["s_to"] = step, wall - launch_time
+                row["low_after"] = min(means[i:])  # did it hold? the lowest running mean from then on
                 break
     row["final"] = mean_of(scalars, fam.metric, last=fam.final_window)
     if fam is CLASSIC:
@@ -129,7 +132,8 @@ def columns(fam, threshold):
     x = fam.x_name
     if fam is CLASSIC:
         return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
-                ("final return (last 20)", "final", "{:.1f}"), ("SPS", "sps", "{:,.0f}"),
+                ("lowest after", "low_after", "{:.1f}"), ("final return (last 20)", "final", "{:.1f}"),
+                ("SPS", "sps", "{:,.0f}"),
                 ("run seconds", "run_s", "{:.1f}")]
     return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
             ("final accuracy (last 3 evals)", "final", "{:.3f}"), ("response length", "length", "{:.1f}"),

@@ -23,6 +23,7 @@ def test_classic_threshold_is_mean_of_last_20_returns():
     row = B.summarise(B.CLASSIC, _classic_scalars(returns), 475.0, launch_time=98.0)
     assert row["x_to"] == 500 * 21
     assert row["s_to"] == pytest.approx(100.0 + 0.5 * 20 - 98.0)  # event wall time - launch time
+    assert row["low_after"] == pytest.approx(490.5)  # it held: the running mean only rose afterwards
     assert row["final"] == pytest.approx((15 * 490 + 5 * 500) / 20)
     assert row["sps"] == 1000.0
     never = B.summarise(B.CLASSIC, _classic_scalars([100.0] * 30), 475.0, launch_time=0.0)
@@ -75,6 +76,6 @@ def test_end_to_end_ppo(tmp_path, capsys):
     assert text.strip() == out.read_text().strip()
     (row,) = [line for line in text.splitlines() if line.startswith("| ppo | 1 |")]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    steps_to, seconds_to, final = int(cells[2].replace(",", "")), float(cells[3]), float(cells[4])
-    assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30
+    steps_to, seconds_to, low_after, final = int(cells[2].replace(",", "")), *map(float, cells[3:6])
+    assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30 and low_after <= final
     assert "| ppo | 1/1 |" in text
