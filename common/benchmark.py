@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass, field
 
@@ -252,7 +253,7 @@ def plot(path, fam, label, thresholds, curves):
         ax.axhline(threshold, color="grey", ls="--", lw=1)
     ax.set_xlabel(fam.x_name)
     ax.set_ylabel(("mean of last 20 episodic returns" if fam is CLASSIC else "held-out accuracy"))
-    ax.set_title(label)
+    ax.set_title("\n".join(textwrap.wrap(label, 90)), fontsize=9)  # the label may carry long extra args
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -79,3 +79,10 @@ def test_end_to_end_ppo(tmp_path, capsys):
     steps_to, seconds_to, low_after, final = int(cells[2].replace(",", "")), *map(float, cells[3:6])
     assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30 and low_after <= final
     assert "| ppo | 1/1 |" in text
+
+
+def test_plot_median_and_band(tmp_path):
+    pytest.importorskip("matplotlib")
+    curves = {"ppo": [([0, 100, 200], [1.0, 2.0, 3.0]), ([0, 150, 250], [1.5, 2.5, 2.0])], "a2c": [([], [])]}
+    B.plot(str(tmp_path / "curves.png"), B.CLASSIC, "CartPole-v1", [2.5], curves)
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
