@@ -21,9 +21,9 @@ Compared with its siblings:
     ratio and its clip (eq. 76-79), as A2C's loss is only the policy gradient at the sampling policy;
   - vpg.py uses Monte-Carlo returns of whole batches of episodes (the critic is only a baseline)
     and fits its critic in separate steps; trpo.py takes a KL-bounded natural-gradient step.
-`diff ppo.py a2c.py` shows exactly those differences.
+`diff vpg.py a2c.py` and `diff a2c.py ppo.py` show exactly those differences.
 
-Defaults are tuned for CartPole-v1.
+Defaults are tuned for CartPole-v1; the README's table "Flags per environment" gives the others.
 Run: python a2c.py --help
 """
 
@@ -47,7 +47,7 @@ class Args:
     env_id: str = "CartPole-v1"
     """gymnasium environment id (Discrete or Box action space)"""
     total_timesteps: int = 200_000
-    """environment steps to train for, summed over all parallel envs"""
+    """environment steps to train for, summed over all parallel envs (rounded down to whole rollouts)"""
     num_envs: int = 8
     """number of parallel environments (one vectorised env)"""
     num_steps: int = 8
@@ -112,7 +112,11 @@ def make_envs(args: Args) -> gym.vector.VectorEnv:
     """The vectorised env: gymnasium's native vector implementation if the env has one, else sync."""
     # make_vec picks the env's own vectorised class when it registers one (CartPole does: the
     # physics of all envs is stepped as one numpy array), else a SyncVectorEnv of single envs.
-    envs = gym.make_vec(args.env_id, num_envs=args.num_envs)
+    try:
+        envs = gym.make_vec(args.env_id, num_envs=args.num_envs)
+    except (gym.error.DependencyNotInstalled, ImportError) as e:  # e.g. LunarLander-v3 without box2d
+        raise SystemExit(f"error: --env-id {args.env_id} needs a package that is not installed: "
+                         f"{' '.join(str(e).split())}") from None
     # Both use the default NEXT_STEP autoreset: the step that returns terminated/truncated also
     # returns the episode's FINAL observation; the next step() ignores its action and resets.
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # innermost: logs raw returns
@@ -269,9 +273,16 @@ if __name__ == "__main__":
 
     batch_size = args.num_envs * args.num_steps
     num_iterations = args.total_timesteps // batch_size
+    total_steps = num_iterations * batch_size  # whole rollouts only
+    print(f"{args.env_id}: {total_steps:,} env steps = {num_iterations} iterations x {args.num_envs} envs "
+          f"x {args.num_steps} steps")
+    if total_steps != args.total_timesteps:
+        print(f"note: --total-timesteps {args.total_timesteps:,} is not a multiple of num_envs*num_steps = "
+              f"{batch_size}: training {total_steps:,} steps")
     global_step = 0
     recent_returns = deque(maxlen=20)
     start_time = time.time()
+    last_print = 0.0  # the console gets about one line per second, and always the last iteration
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.tensor(next_obs, dtype=torch.float32)
     next_done = torch.zeros(args.num_envs)
@@ -292,6 +303,8 @@ if __name__ == "__main__":
             env_action = action.numpy()
             if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action
                 env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)
+            else:  # Discrete(n, start=k) numbers its actions k..k+n-1; the Categorical samples 0..n-1
+                env_action = env_action + envs.single_action_space.start
             next_obs, reward, terminations, truncations, infos = envs.step(env_action)
             next_obs = torch.tensor(next_obs, dtype=torch.float32)
             # Truncation is not termination: a time-limit cut stops the episode, not the return.
@@ -352,9 +365,11 @@ if __name__ == "__main__":
         writer.add_scalar("losses/value_loss", v_loss.item(), global_step)
         writer.add_scalar("losses/entropy", entropy.item(), global_step)
         writer.add_scalar("losses/approx_kl", approx_kl.item(), global_step)
-        mean_return = f"{np.mean(recent_returns):8.1f}" if recent_returns else "     n/a"
-        print(f"step {global_step:>8d} | return {mean_return} | SPS {sps:>6d} | "
-              f"ETA {(args.total_timesteps - global_step) / sps:5.0f}s")
+        if time.time() - last_print >= 1.0 or iteration == num_iterations:
+            last_print = time.time()
+            mean_return = f"{np.mean(recent_returns):8.1f}" if recent_returns else "     n/a"
+            print(f"step {global_step:>8d} | return {mean_return} | SPS {sps:>6d} | "
+                  f"ETA {(total_steps - global_step) / sps:5.0f}s")
 
     if args.save_model:
         # Write to a temporary name, then rename: an interrupted save never leaves a broken file.
