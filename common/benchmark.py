@@ -1,18 +1,20 @@
 """Benchmark runner: run algorithm scripts as subprocesses and tabulate their tensorboard logs.
 
-    python -m common.benchmark --algos vpg a2c trpo ppo --env-id CartPole-v1 --seeds 1 2 3
+    python -m common.benchmark --algos vpg a2c trpo ppo --env-id CartPole-v1 --seeds 1 2 3 --core 1
     python -m common.benchmark --algos ppo --env-id Pendulum-v1 --seeds 1 2 3 -- --gamma 0.95
     python -m common.benchmark --algos grpo dapo --seeds 1 2 --threshold 0.8 -- --num-iterations 100
 
 Each run is `python <algo>.py --seed N [--env-id ENV] <args after -->`, pinned to one core with
-`taskset -c <core>` and OMP_NUM_THREADS=1 (the way the README's speed figures were measured), in a
+`taskset -c <core>` (--core, default 0; --no-pin for none) and OMP_NUM_THREADS=1 (the way the README's
+speed figures were measured), in a
 fresh temporary working directory so that its runs/ folder holds exactly one run. Its event file is
 then read back and summarised; seconds are event wall time minus the subprocess launch time, so
 they include Python start-up and imports.
 
 The algorithm name decides the family:
   classic (vpg a2c trpo ppo): x = env steps; "reached" = mean of the last 20 episodic returns
-      >= threshold (default per env: CartPole-v1 475, Acrobot-v1 -100, Pendulum-v1 -250);
+      >= threshold (default per env: CartPole-v1 475, Acrobot-v1 -100, MountainCar-v0 -150,
+      Pendulum-v1 -250, MountainCarContinuous-v0 90);
       columns: steps and seconds to threshold, the lowest running mean after reaching it (did it
       hold?), final return (mean of last 20), SPS.
   group (grpo dr_grpo dapo gspo sapo): x = iteration; "reached" = a held-out accuracy evaluation
@@ -27,6 +29,7 @@ import argparse
 import glob
 import math
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -56,8 +59,8 @@ class Family:
 CLASSIC = Family(
     name="classic", algos=("vpg", "a2c", "trpo", "ppo"), metric="charts/episodic_return",
     window=20, final_window=20, x_name="steps",
-    default_thresholds={"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "Pendulum-v1": -250.0,
-                        "MountainCarContinuous-v0": 90.0},
+    default_thresholds={"CartPole-v1": 475.0, "Acrobot-v1": -100.0, "MountainCar-v0": -150.0,
+                        "Pendulum-v1": -250.0, "MountainCarContinuous-v0": 90.0},
 )
 GROUP = Family(
     name="group", algos=("grpo", "dr_grpo", "dapo", "gspo", "sapo"), metric="charts/accuracy",
@@ -262,18 +265,20 @@ def plot(path, fam, label, thresholds, curves):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    command = shlex.join(["python", "-m", "common.benchmark"] + argv)  # recorded above the tables
     extra = []
     if "--" in argv:  # everything after `--` goes to the scripts unchanged
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     p = argparse.ArgumentParser(prog="python -m common.benchmark", description=__doc__.split("\n\n")[0],
-                                epilog="Arguments after -- are passed to every script.")
+                                epilog="Arguments after -- are passed to every script.",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # --help shows defaults
     p.add_argument("--algos", nargs="+", required=True, help="scripts to run, e.g. vpg a2c trpo ppo (or grpo dapo ...)")
     p.add_argument("--env-id", default="CartPole-v1", help="environment for the classic scripts")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds to run each script with")
     p.add_argument("--threshold", type=float, nargs="+", default=None,
-                   help="score(s) that count as reached, one table each (default: per env for classic, 0.9 accuracy for group)")
-    p.add_argument("--core", type=int, default=0, help="CPU core to pin each run to with taskset (default 0)")
+                   help="score(s) that count as reached, one table each; None: the env's target (classic), 0.9 (group)")
+    p.add_argument("--core", type=int, default=0, help="CPU core to pin each run to with taskset")
     p.add_argument("--no-pin", action="store_true", help="do not pin runs with taskset")
     p.add_argument("--out", default=None, help="also write the markdown tables to this file")
     p.add_argument("--plot", default=None, help="write learning curves to this .png (needs matplotlib)")
@@ -292,6 +297,9 @@ def main(argv=None):
     if pin is not None and shutil.which("taskset") is None:
         print("warning: taskset not found, runs are not pinned to a core", file=sys.stderr)
         pin = None
+    if pin is not None:
+        print(f"[benchmark] runs pinned to core {pin} (--core N to choose another, --no-pin for none)",
+              file=sys.stderr, flush=True)
     label = args.env_id if fam is CLASSIC else "group methods"
     if extra:
         label += f" ({' '.join(extra)})"
@@ -307,7 +315,7 @@ def main(argv=None):
                 row["run_s"] = run_seconds
                 results[threshold].setdefault(algo, []).append((seed, row))
             curves[algo].append(curve(fam, scalars))
-    text = "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
+    text = f"`{command}`\n\n" + "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

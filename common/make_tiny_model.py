@@ -1,10 +1,12 @@
-"""Make the embedded tiny model: `python -m common.make_tiny_model` (13-20 min on one CPU core).
+"""Make the embedded tiny model: `python -m common.make_tiny_model --out DIR` (13-20 min on one CPU core).
 
 The group scripts (grpo.py, dr_grpo.py, dapo.py, gspo.py, sapo.py) default to this model so
 that they run and learn offline on a CPU. It is an ordinary Hugging Face causal LM: a small
 GPT-2 (2 layers, width 128, 0.4M parameters) with a character-level tokenizer, saved with
-`save_pretrained` into common/tiny_model/ and loaded with `AutoModelForCausalLM.from_pretrained`,
-exactly like `--model gpt2`.
+`save_pretrained` and loaded with `AutoModelForCausalLM.from_pretrained`, exactly like `--model gpt2`.
+The shipped copy is common/tiny_model/; this script writes to the folder you name with --out
+(default runs/tiny_model), never over an existing folder unless --overwrite is given, and the
+result is used with `python grpo.py --model DIR` (any group script).
 
 How it is made (and why):
 - Tokenizer: one token per character, built with the `tokenizers` library (nothing downloaded).
@@ -37,7 +39,6 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from common.tasks import TASKS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SPECIALS = ["<pad>", "<eos>", "<unk>"]
 CHARS = list("0123456789+-*= ")
 PRETRAIN_TASKS = ["addition"]
@@ -97,15 +98,20 @@ def accuracy(model, tokenizer, task_name: str, n: int, do_sample: bool, seed: in
     return sum(task.reward(t, target) for t, (_, target) in zip(texts, pairs)) / n
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.path.join(HERE, "tiny_model"), help="output folder")
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m common.make_tiny_model", description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", default=os.path.join("runs", "tiny_model"),
+                   help="output folder (the shipped model is common/tiny_model)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
     p.add_argument("--seed", type=int, default=0, help="seeds data, init and sampling")
     p.add_argument("--steps", type=int, default=10000, help="optimiser steps")
     p.add_argument("--batch-size", type=int, default=128, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine decay)")
     p.add_argument("--wrong-fraction", type=float, default=0.5, help="share of deliberately wrong answers")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    if os.path.exists(args.out) and not args.overwrite:
+        raise SystemExit(f"error: --out {args.out} already exists (choose another folder, or add --overwrite)")
 
     torch.set_num_threads(1)
     random.seed(args.seed)
@@ -150,7 +156,7 @@ def main():
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(args.out, ignore_errors=True)
     os.replace(tmp, args.out)
-    print(f"saved to {args.out}")
+    print(f"saved to {args.out}; use it with: python grpo.py --model {args.out}")
 
 
 if __name__ == "__main__":

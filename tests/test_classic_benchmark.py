@@ -79,6 +79,19 @@ def test_end_to_end_ppo(tmp_path, capsys):
     steps_to, seconds_to, low_after, final = int(cells[2].replace(",", "")), *map(float, cells[3:6])
     assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30 and low_after <= final
     assert "| ppo | 1/1 |" in text
+    assert text.startswith("`python -m common.benchmark --algos ppo --seeds 1 --no-pin")  # the command comes first
+
+
+def test_help_shows_every_default_and_the_classic_targets(capsys):
+    with pytest.raises(SystemExit) as exc:
+        B.main(["--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "CPU core to pin each run to with taskset (default: 0)" in text
+    assert "(default: [1, 2, 3])" in text and "(default: CartPole-v1)" in text
+    targets = {"CartPole-v1": 475, "Acrobot-v1": -100, "MountainCar-v0": -150, "Pendulum-v1": -250,
+               "MountainCarContinuous-v0": 90}
+    assert B.CLASSIC.default_thresholds == targets
 
 
 def test_plot_median_and_band(tmp_path):
