@@ -9,7 +9,9 @@ Each page is one self-contained HTML file (inline CSS and a few lines of JS, no 
 the two files in two aligned columns with line numbers, changed lines highlighted
 (left: replaced/removed, right: replaced/added, changed words marked darker), long unchanged
 runs folded into a "N unchanged lines" row that opens on click, and every changed hunk labelled
-with the seed equation(s) its comments cite ("# eq. (96): ..." gives the badge "eq. 96").
+with the equation(s) its comments cite ("# eq. (96): ..." gives the badge "eq. 96"). Each badge links
+to its entry in equations.html, the repository's equation page (common/EQUATIONS.md made into HTML),
+which is written next to the pages.
 
 Standard library only: difflib finds the changes, html escapes the code, argparse reads the CLI.
 """
@@ -30,10 +32,12 @@ PAIRS = [
 
 CONTEXT = 3   # unchanged lines kept visible on each side of a hunk
 MIN_FOLD = 4  # fold only if at least this many lines would be hidden (folding 1-2 lines saves nothing)
-LOOKBACK = 8  # how far above a hunk to look for a comment that cites an equation
+EQUATIONS = os.path.join(ROOT, "common", "EQUATIONS.md")  # the equation page the labels link to
+EQUATIONS_PAGE = "equations.html"                          # its HTML copy, written next to the diff pages
 
-# "eq. (96)", "eq. 90-91", "eq. (117)-(119)", "eq. 80/81", "eqs. 90, 91"; \b keeps "freq. 5" out.
-EQ_RE = re.compile(r"\beqs?\.?\s*(\(?\d+\)?(?:\s*[-\u2013/,]\s*\(?\d+\)?)*)", re.IGNORECASE)
+# "eq. (96)", "eq. 90-91", "eq. (117)-(119)", "eq. 80/81", "eqs. 90, 91"; \b keeps "freq. 5" out, and the
+# lookahead keeps the "2" of "eq. (120), 2(x)" out of the list.
+EQ_RE = re.compile(r"\beqs?\.?\s*(\(?\d+\)?(?:\s*[-\u2013/,]\s*\(?\d+\)?(?![\w(]|\.\d))*)", re.IGNORECASE)
 # Intra-line diffs work on words, spaces and single symbols: "clip_eps" changes as one unit.
 TOKEN_RE = re.compile(r"\w+|\s+|[^\w\s]")
 
@@ -49,22 +53,97 @@ def citations(text):
     return labels
 
 
-def cited_above(lines, start):
-    """Citations of the nearest citing line above lines[start], within the same paragraph."""
-    for k in range(start - 1, max(start - 1 - LOOKBACK, -1), -1):
-        if not lines[k].strip():  # a blank line ends the paragraph: comments beyond it are about other code
-            break
-        if citations(lines[k]):
-            return citations(lines[k])
+# Which comment speaks for a line. A comment that opens a paragraph or a block (after a blank line, at the
+# top, or under a line ending in ":", like "# 5. E epochs ... (eq. 96-97)") speaks for everything below it,
+# down to the blank line that ends the paragraph or the line indented less that ends the block. Any other
+# comment speaks for the one statement right below it (continuation lines and body included), not for the
+# statements after that: "# ... the sum is eq. (102)." above `loss.backward()` says nothing about the clip
+# fraction computed two statements further down. An inline comment or a docstring speaks for its own line.
+CONTINUES = re.compile(r"[)\]}]|(?:else|elif|except|finally)\b")  # a line that continues the statement above
+DEF_RE = re.compile(r"\s*(?:(?:async\s+)?(?:def|class)\s+(\w+)|(\w+)\s*(?::[^=]*)?\s=\s)")  # def f / x = / x: T =
+WORD_RE = re.compile(r"[A-Za-z_]\w*")
+DOCSTRING = ('"""', "'''", 'r"""')
+
+
+def comment_scopes(lines):
+    """For each line, (citations of the comment over its statement, citations of its paragraph's heading)."""
+    out, heads, stmt, last, prev = [], [], None, None, ""
+    for line in lines:
+        text, indent = line.strip(), len(line) - len(line.lstrip())
+        if not text:
+            heads, stmt = [], None  # a blank line ends the paragraph: comments above it are about other code
+        else:
+            heads = [h for h in heads if indent >= h[0]]  # a line indented less closes the blocks above it
+            if text.startswith("#"):
+                if prev.strip().startswith("#") and last is not None:  # one comment over several lines
+                    last[1].extend(citations(text))
+                elif not prev.strip() or prev.rstrip().endswith(":"):
+                    last, stmt = [indent, citations(text)], None
+                    heads.append(last)
+                else:
+                    last = stmt = [indent, citations(text), False]
+            elif stmt is not None:
+                if indent < stmt[0] or (stmt[2] and indent == stmt[0] and not CONTINUES.match(text)):
+                    stmt = None  # the next statement begins: the comment was about the one before
+                else:
+                    stmt[2] = True
+        heading = next((h[1] for h in reversed(heads) if h[1]), [])
+        out.append((list(stmt[1]) if stmt else [], list(heading)))
+        prev = line
+    return out
+
+
+def definitions(lines, scopes):
+    """Name -> the equations cited where it is defined: on the defining line, in the docstring right below
+    it (an Args field's), or in the comment over it."""
+    defs = {}
+    for k, line in enumerate(lines):
+        m = DEF_RE.match(line)
+        if not m:
+            continue
+        cites = citations(line) + scopes[k][0]
+        if k + 1 < len(lines) and lines[k + 1].strip().startswith(DOCSTRING):
+            cites += citations(lines[k + 1])
+        defs.setdefault(m.group(1) or m.group(2), []).extend(cites)
+    return defs
+
+
+def changed_names(old, new):
+    """The names an edit of one line swaps: those only in the old line, and those only in the new one
+    ('args.clip_eps' -> 'args.clip_eps_high' gives ['clip_eps'], ['clip_eps_high'])."""
+    a, b = WORD_RE.findall(old), WORD_RE.findall(new)
+    return [w for w in dict.fromkeys(a) if w not in b], [w for w in dict.fromkeys(b) if w not in a]
+
+
+def hunk_labels(a, b, notes_a, notes_b, hunk, pairs):
+    """Equations a hunk touches, from the first of these that cites any (either side):
+    1. its changed lines themselves;
+    2. the comment over the statement it changes;
+    3. the definitions of the names its edited lines swap (`args.clip_eps_high` -> the Args field's docstring);
+    4. the heading comment of its paragraph.
+    notes_a/notes_b: (comment_scopes, definitions) of each file; hunk: (i1, i2, j1, j2); pairs: from align()."""
+    i1, i2, j1, j2 = hunk
+    (scopes_a, defs_a), (scopes_b, defs_b) = notes_a, notes_b
+    scopes = scopes_a[i1:i2] + scopes_b[j1:j2]
+    named = []
+    for i, j in pairs:
+        if i is not None and j is not None:
+            gone, new = changed_names(a[i], b[j])
+            named += [c for w in gone for c in defs_a.get(w, [])] + [c for w in new for c in defs_b.get(w, [])]
+    for found in (
+        [c for line in a[i1:i2] + b[j1:j2] for c in citations(line)],
+        [c for over, _ in scopes for c in over],
+        named,
+        [c for _, heading in scopes for c in heading],
+    ):
+        if found:
+            return list(dict.fromkeys(found))  # de-duplicate, keep order
     return []
 
 
-def hunk_labels(a, b, i1, i2, j1, j2):
-    """Equations a hunk touches: cited on its changed lines, else just above it (either side)."""
-    found = [c for line in a[i1:i2] + b[j1:j2] for c in citations(line)]
-    if not found:
-        found = cited_above(a, i1) + cited_above(b, j1)
-    return list(dict.fromkeys(found))  # de-duplicate, keep order
+def eq_href(label):
+    """'eq. 90-91' -> 'equations.html#eq-90': a label links to the entry of its first equation."""
+    return f"{EQUATIONS_PAGE}#eq-{re.search(r'[0-9]+', label)[0]}"
 
 
 # ---------------------------------------------------------------- rendering pieces
@@ -153,6 +232,8 @@ def align(a, b, i1, i2, j1, j2):
 def side_by_side(a, b):
     """Table body HTML for lines a (left) and b (right), the change counts and each hunk's labels."""
     ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
+    scopes_a, scopes_b = comment_scopes(a), comment_scopes(b)
+    notes_a, notes_b = (scopes_a, definitions(a, scopes_a)), (scopes_b, definitions(b, scopes_b))
     out, hunks = [], []
     stats = {"changed": 0, "added": 0, "removed": 0}
     for k, (op, i1, i2, j1, j2) in enumerate(ops):
@@ -167,11 +248,13 @@ def side_by_side(a, b):
             else:
                 out += equal_rows(a, b, i1, j1, n)
             continue
-        labels = hunk_labels(a, b, i1, i2, j1, j2)
+        pairs = align(a, b, i1, i2, j1, j2)
+        labels = hunk_labels(a, b, notes_a, notes_b, (i1, i2, j1, j2), pairs)
         hunks.append(labels)
-        badges = "".join(f'<span class="eq">{esc(x)}</span>' for x in labels) or '<span class="noeq">no equation cited</span>'
+        badges = "".join(f'<a href="{eq_href(x)}" title="the equation page"><span class="eq">{esc(x)}</span></a>'
+                         for x in labels) or '<span class="noeq">no equation cited</span>'
         out.append(f'<tr class="hunk" id="h{len(hunks)}"><td colspan="4">{badges}</td></tr>')
-        for i, j in align(a, b, i1, i2, j1, j2):
+        for i, j in pairs:
             if i is not None and j is not None and a[i] == b[j]:  # e.g. blank lines difflib left inside a block
                 out += equal_rows(a, b, i, j, 1)
             elif i is not None and j is not None:
@@ -312,7 +395,8 @@ def write_all(out_dir, root=ROOT):
         name = page_name(left, right)
         stats, hunks = write_pair(left, right, os.path.join(out_dir, name), root)
         touched = sorted(set(x for h in hunks for x in h), key=lambda x: (int(re.search(r"\d+", x)[0]), x))
-        eqs = "".join(f'<span class="eq">{esc(x)}</span>' for x in touched)  # in equation order: a table of contents
+        # In equation order, each linked to its entry: a table of contents.
+        eqs = "".join(f'<a href="{eq_href(x)}"><span class="eq">{esc(x)}</span></a>' for x in touched)
         rows.append(f'<tr><td><a href="{name}">{esc(left)} \u2192 {esc(right)}</a></td><td class="c">{len(hunks)}</td>'
                     f'<td class="c">{stats["changed"]}</td><td class="c">{stats["added"]}</td>'
                     f'<td class="c">{stats["removed"]}</td><td>{eqs}</td></tr>')
@@ -320,10 +404,122 @@ def write_all(out_dir, root=ROOT):
         table = ("<table><tr><th>pair</th><th class=c>hunks</th><th class=c>changed</th><th class=c>added</th>"
                  "<th class=c>removed</th><th>equations touched</th></tr>" + "\n".join(rows) + "</table>")
         body = (f"<main><h1>Side-by-side diffs</h1><p>Each page puts two sibling files next to each other; "
-                f"the changes are the algorithm.</p>{table}</main>")
+                f"the changes are the algorithm. Each equation label links to its entry on "
+                f'<a href="{EQUATIONS_PAGE}">the equation page</a>.</p>{table}</main>')
         write(os.path.join(out_dir, "index.html"), page("Side-by-side diffs", body))
         print(f"wrote {os.path.join(out_dir, 'index.html')}")
+        write_equations(out_dir, root)
     return len(rows)
+
+
+# ---------------------------------------------------------------- the equation page
+
+EQ_STYLE = """
+main.doc{line-height:1.55}
+main.doc h1{font-size:26px}main.doc h2{margin-top:36px;border-bottom:1px solid #d0d7de;padding-bottom:4px}
+main.doc h3{margin:28px 0 6px;font-size:16px}
+main.doc pre{background:#f6f8fa;border:1px solid #eaeef2;border-radius:6px;padding:8px 12px;overflow-x:auto;
+  font:13px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+main.doc code{font:13px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace;background:#f6f8fa;padding:0 3px;
+  border-radius:3px}
+main.doc pre code{background:none;padding:0}
+main.doc a{color:#0969da}
+a[id]:target+h2,a[id]:target+h3,a[id]:target+a[id]+h2{background:#fff8c5}
+"""
+ANCHOR_LINE = re.compile(r'<a id="[\w-]+"></a>')
+LIST_ITEM = re.compile(r"(\s*)(-|\d+\.)\s+(.*)")
+
+
+def md_inline(text):
+    """`code`, **bold**, *italic*, [text](link) and <a id="..."></a> anchors; everything else escaped."""
+    out = []
+    for k, part in enumerate(re.split(r"`([^`]*)`", text)):
+        if k % 2:
+            out.append(f"<code>{esc(part)}</code>")
+            continue
+        part = re.sub(r'&lt;a id="([\w-]+)"&gt;&lt;/a&gt;', r'<a id="\1"></a>', esc(part))
+        part = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", part)
+        part = re.sub(r"\*(\S(?:.*?\S)?)\*", r"<i>\1</i>", part)
+        out.append(re.sub(r"\[([^\]]+)\]\(([^)\s]+)\)", r'<a href="\2">\1</a>', part))
+    return "".join(out)
+
+
+def markdown_html(text):
+    """HTML for the markdown the equation page uses: headings, paragraphs, ``` blocks, tables, lists,
+    rules and raw anchor lines. Not a general markdown converter, and it needs none."""
+    lines, out, para, k = text.splitlines(), [], [], 0
+    def flush():
+        if para:
+            out.append(f"<p>{md_inline(' '.join(para))}</p>")
+            para.clear()
+    while k < len(lines):
+        line, k = lines[k], k + 1
+        heading = re.match(r"(#{1,6})\s+(.*)", line)
+        item = LIST_ITEM.match(line)
+        if line.startswith("```"):
+            flush()
+            code = []
+            while k < len(lines) and not lines[k].startswith("```"):
+                code.append(lines[k])
+                k += 1
+            k += 1  # the closing fence
+            out.append(f"<pre><code>{esc(chr(10).join(code))}</code></pre>")
+        elif not line.strip():
+            flush()
+        elif ANCHOR_LINE.fullmatch(line.strip()):
+            flush()
+            out.append(line.strip())
+        elif heading:
+            flush()
+            n = len(heading.group(1))
+            out.append(f"<h{n}>{md_inline(heading.group(2))}</h{n}>")
+        elif line.strip() == "---":
+            flush()
+            out.append("<hr>")
+        elif line.startswith("|"):
+            flush()
+            rows = [line]
+            while k < len(lines) and lines[k].startswith("|"):
+                rows.append(lines[k])
+                k += 1
+            rows = [r for r in rows if not re.fullmatch(r"[|\s:-]+", r)]  # drop the |---|---| line
+            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+            head = "".join(f"<th>{md_inline(c)}</th>" for c in cells[0])
+            body = "".join("<tr>" + "".join(f"<td>{md_inline(c)}</td>" for c in r) + "</tr>" for r in cells[1:])
+            out.append(f"<table><tr>{head}</tr>{body}</table>")
+        elif item and not para:
+            tag = "ul" if item.group(2) == "-" else "ol"
+            items = [item.group(3)]
+            while k < len(lines) and lines[k].strip() and (LIST_ITEM.match(lines[k]) or lines[k].startswith(" ")):
+                more = LIST_ITEM.match(lines[k])
+                if more and not lines[k].startswith(" "):
+                    items.append(more.group(3))  # the next item
+                else:
+                    items[-1] += " " + lines[k].strip()  # an item's continuation line
+                k += 1
+            out.append(f"<{tag}>" + "".join(f"<li>{md_inline(x)}</li>" for x in items) + f"</{tag}>")
+        else:
+            para.append(line.strip())
+    flush()
+    return "\n".join(out)
+
+
+def write_equations(out_dir, root=ROOT):
+    """Write the equation page as equations.html in out_dir, where the labels of the diff pages point."""
+    source = os.path.join(root, "common", "EQUATIONS.md")
+    source = source if os.path.isfile(source) else EQUATIONS
+    try:
+        with open(source, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        print(f"skipped {EQUATIONS_PAGE}: {source} not found (the equation labels will not resolve)")
+        return None
+    title = re.search(r"^#\s+(.*)", text, re.MULTILINE)
+    body = f'<style>{EQ_STYLE}</style><main class="doc">{markdown_html(text)}</main>'
+    out = os.path.join(out_dir, EQUATIONS_PAGE)
+    write(out, page(title.group(1) if title else "Equations", body))
+    print(f"wrote {out}")
+    return out
 
 
 # ---------------------------------------------------------------- command line
@@ -355,6 +551,7 @@ def main(argv=None):
     if os.path.isdir(out):  # -o some/folder: put the page inside it
         out = os.path.join(out, page_name(os.path.basename(left), os.path.basename(right)))
     write_pair(left, right, out, args.root)
+    write_equations(os.path.dirname(os.path.abspath(out)), args.root)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Small fixture files stand in for the algorithm files, so these tests do not depend on them.
 """
 import os
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -13,7 +14,7 @@ from common import sidebyside
 
 FILLER_1 = [f"VALUE_{k} = {k}" for k in range(20)]  # long unchanged runs: must be folded
 FILLER_2 = [f"OTHER_{k} = {k}" for k in range(20)]
-NOTE = "SCALE = 1.0  # eq. (5): cited in another paragraph, so no label for the hunk below the blank line"
+NOTE = "SCALE = 1.0  # eq. (85): cited in another paragraph, so no label for the hunk below the blank line"
 
 LEFT = ['"""Base file (eq. 90-97)."""', "import torch", "", ""] + FILLER_1 + [
     NOTE,
@@ -126,6 +127,7 @@ def test_citations_are_found_and_normalised():
     assert sidebyside.citations("# eq. (96): token-level clipped surrogate") == ["eq. 96"]
     assert sidebyside.citations("x  # eq. 90-91 and Eq. (117)-(119), eq. 80/81") == ["eq. 90-91", "eq. 117-119", "eq. 80/81"]
     assert sidebyside.citations("freq. 5, seq. 3, no equation here") == []
+    assert sidebyside.citations("the form of eq. (120), 2(τ(r−1)/2), and eq. 97, 0.5") == ["eq. 120", "eq. 97"]
 
 
 def test_every_changed_line_is_present_and_marked(root, tmp_path):
@@ -187,6 +189,90 @@ def test_hunks_are_labelled_with_the_cited_equations(root, tmp_path):
     header = next(tree.root.find_all("header"))
     links = {a.text(): a.attrs["href"] for a in header.find_all("a")}
     assert links == {"eq. 90-97": "#h1", "eq. 101-102": "#h1", "eq. 96": "#h3", "eq. 102": "#h4"}
+    # Each label of a hunk links to its (first) equation's entry on the equation page, written next to the page.
+    hrefs = [[a.attrs["href"] for a in h.find_all("a")] for h in hunks]
+    assert hrefs == [["equations.html#eq-90", "equations.html#eq-101"], [], ["equations.html#eq-96"],
+                     ["equations.html#eq-102"], []]
+    equations = (tmp_path / "equations.html").read_text()
+    assert all(f'id="{h.split("#")[1]}"' in equations for row in hrefs for h in row)
+
+
+# A sibling pair shaped like grpo.py -> dapo.py around the clip fraction: which comment speaks for which line.
+ARGS_L = ["class Args:", "    clip_eps: float = 0.2", '    """clip range (eq. 96)"""',
+          "    vf_coef: float = 0.5", '    """value loss coefficient (eq. 85)"""']
+ARGS_R = ["class Args:", "    clip_eps_low: float = 0.2", '    """lower clip range (eq. 101)"""',
+          "    clip_eps_high: float = 0.28", '    """upper clip range (eq. 101)"""',
+          "    vf_coef: float = 0.5", '    """value loss coefficient (eq. 85)"""',
+          "    target_kl: float = 0.01", '    """stop the epochs early above this KL"""']
+LOOP = ["", "", "def update(args, ratio, loss, stats):",
+        "    # 5. Gradient steps on the {} surrogate (eq. {}).",
+        "    for epoch in range(4):",
+        "        loss = objective(ratio)",
+        "        # Each micro-batch is already divided by the whole batch's count: the sum is eq. ({}).",
+        "        loss.backward()",
+        "        with torch.no_grad():",
+        "            clipped = {}.float()",
+        "            stats.append(clipped.mean())",
+        "            stats.append(ratio.{}())",
+        "    return stats"]
+SCOPE_L = ARGS_L + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [("clipped", "96-97"), (), (), ("97",),
+          (), (), ("((ratio - 1).abs() > args.clip_eps)",), (), ("mean",), ()])]
+SCOPE_R = ARGS_R + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [("decoupled-clip", "101-102"), (), (),
+          ("102",), (), (), ("((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high))",), (), ("max",), ()])]
+
+
+def test_labels_come_from_the_comment_that_speaks_for_the_changed_code():
+    _, _, hunks = sidebyside.render_pair("grpo.py", "dapo.py", SCOPE_L, SCOPE_R)
+    assert hunks == [
+        ["eq. 96", "eq. 101"],            # the changed Args fields cite on their own lines
+        [],                               # target_kl: the docstring above it belongs to vf_coef, not to it
+        ["eq. 96-97", "eq. 101-102"],     # the paragraph headings themselves
+        ["eq. 97", "eq. 102"],            # the comment over loss.backward() itself
+        # The clip fraction: the comment above speaks for loss.backward() only; the names the line swaps,
+        # clip_eps -> clip_eps_low/clip_eps_high, are defined with eq. 96 and eq. 101 (it used to say eq. 102).
+        ["eq. 96", "eq. 101"],
+        ["eq. 96-97", "eq. 101-102"],     # ratio.mean() -> ratio.max(): nothing closer than the paragraph heading
+    ]
+
+
+def test_comment_scopes():
+    """A comment inside a paragraph speaks for the one statement below it (continuation lines included);
+    one that opens a paragraph or a block speaks for all of it, until a blank line or a dedent."""
+    lines = ["x = 1", "# for y only (eq. 80)", "y = f(", "    2,", ")", "z = 3", "",
+             "# heading (eq. 85)", "if z:", "    w = 4", "    # for v only (eq. 96)", "    v = 5", "    s = 8", "u = 6", "",
+             "def g():", "    # opens the block (eq. 97)", "    a = 1", "    b = 2", "c = 3"]
+    over, heading = zip(*sidebyside.comment_scopes(lines))
+    e1, e2, e3, e4 = ["eq. 80"], ["eq. 85"], ["eq. 96"], ["eq. 97"]
+    assert list(over) == [[], e1, e1, e1, e1, [], [], [], [], [], e3, e3, [], [], [], [], [], [], [], []]
+    assert list(heading) == [[]] * 7 + [e2] * 7 + [[], []] + [e4] * 3 + [[]]
+
+
+def test_markdown_subset():
+    md = "\n".join([
+        "# Title", "Intro with `a<b`, **bold**, *it* and [a link](#eq-97).", "", '<a id="eq-97"></a>', "### (97) Thing", "",
+        "```text", "x < y  &  z", "```", "", "| a | b |", "|---|---|", "| `c` | d |", "", "- one", "  two", "- three", "",
+        "1. first", "2. second", "---"])
+    html = sidebyside.markdown_html(md)
+    for part in ("<h1>Title</h1>", "<code>a&lt;b</code>", "<b>bold</b>", "<i>it</i>", '<a href="#eq-97">a link</a>',
+                 '<a id="eq-97"></a>\n<h3>(97) Thing</h3>', "<pre><code>x &lt; y  &amp;  z</code></pre>",
+                 "<table><tr><th>a</th><th>b</th></tr><tr><td><code>c</code></td><td>d</td></tr></table>",
+                 "<ul><li>one two</li><li>three</li></ul>", "<ol><li>first</li><li>second</li></ol>", "<hr>"):
+        assert part in html, part
+
+
+def test_the_equation_page_converts_whole(tmp_path):
+    """Every anchor of common/EQUATIONS.md is an id of equations.html, and no markdown is left over."""
+    with open(sidebyside.EQUATIONS, encoding="utf-8") as f:
+        md = f.read()
+    out = sidebyside.write_equations(str(tmp_path), str(tmp_path))  # no common/ under tmp_path: the repo's page
+    tree = Tree((tmp_path / "equations.html").read_text())
+    ids = {n.attrs["id"] for tag in ("a", "h1") for n in tree.root.find_all(tag) if "id" in n.attrs}
+    assert out and set(re.findall(r'<a id="([^"]+)"></a>', md)) <= ids
+    assert len(list(tree.root.find_all("pre"))) == md.count("```") // 2
+    text = tree.root.text()
+    assert "**" not in text and "](#" not in text and "<a id" not in text
+    hrefs = [a.attrs["href"] for a in tree.root.find_all("a") if "href" in a.attrs]
+    assert [h for h in hrefs if h.startswith("#") and h[1:] not in ids] == []
 
 
 def test_identical_files_say_no_differences(root, tmp_path):
@@ -200,12 +286,15 @@ def test_identical_files_say_no_differences(root, tmp_path):
 def test_all_writes_index_and_existing_pairs_and_skips_missing(root, tmp_path, capsys):
     out = tmp_path / "pages"
     sidebyside.main(["--all", "--root", str(root), "-o", str(out)])
-    assert sorted(os.listdir(out)) == ["grpo-dapo.html", "grpo-gspo.html", "index.html"]
+    assert sorted(os.listdir(out)) == ["equations.html", "grpo-dapo.html", "grpo-gspo.html", "index.html"]
     printed = capsys.readouterr().out
     assert printed.count("skipped") == len(sidebyside.PAIRS) - 2 and "dr_grpo.py not found" in printed
     index = Tree((out / "index.html").read_text())
-    links = {a.attrs["href"]: a.text() for a in index.root.find_all("a")}
+    links = {a.attrs["href"]: a.text() for a in index.root.find_all("a") if "equations" not in a.attrs["href"]}
     assert links == {"grpo-dapo.html": "grpo.py \u2192 dapo.py", "grpo-gspo.html": "grpo.py \u2192 gspo.py"}
+    eq_links = {a.attrs["href"] for a in index.root.find_all("a") if "equations" in a.attrs["href"]}
+    assert eq_links == {"equations.html", "equations.html#eq-90", "equations.html#eq-96", "equations.html#eq-101",
+                        "equations.html#eq-102"}
     counts = [[td.text() for td in tr.find_all("td", "c")] for tr in index.root.find_all("tr")][1:]
     assert counts[0] == ["5", "4", "1", "2"]  # grpo -> dapo: hunks, changed, added, removed
     assert counts[1] == ["1", "0", "0", "1"]  # grpo -> gspo: the last line removed
