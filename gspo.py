@@ -1,18 +1,20 @@
-"""GSPO: Group Sequence Policy Optimization (seed 000, §5.5).
+"""GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv 2507.18071).
 
 PPO without a critic, for language models. For each prompt x the frozen behaviour policy π_θold
 samples a group of G responses, a verifiable reward R scores each one, and the group is its own
 baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate
 that keeps the ratios π_θ/π_θold near 1, with a KL penalty to the frozen starting model π_ref:
 
-    Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + ε)                    eq. (90)-(91)
+    Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + δ)                    eq. (90)-(91)
     r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)               eq. (95)
     s_i = exp(1/T_i Σ_t log r_{i,t})  = (π_θ(y_i|x) / π_θold(y_i|x))^(1/T_i)   eq. (107)
     J = 1/G Σ_i min(s_i Â_i, clip(s_i, 1 − ε_low, 1 + ε_high) Â_i)    eq. (109)
 
+(δ = 1e-6 only keeps a group of equal rewards from dividing by zero; ε_low, ε_high are the clip range.)
+The equation numbers are those of the repo's equation page, common/EQUATIONS.md.
 The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model
-of the same size. The KL term is the k3 estimator per token (seed 002 §6.2), averaged like the
-policy term.
+of the same size. The KL term is the k3 estimator per token (Schulman 2020, "Approximating KL
+divergence"), averaged like the policy term.
 
 What changes from grpo.py, and why (GSPO paper): the reward belongs to the whole response,
 but GRPO corrects for sampling from π_θold token by token, so tokens of one response get unequal
@@ -22,112 +24,98 @@ response: every token of response i shares the weight s_i Â_i (eq. 111). Averag
 makes s_i move far less than a token ratio, hence the tiny clip range of the paper,
 ε_low = 3e-4 and ε_high = 4e-4. No KL penalty by default (β = 0).
 
-One iteration (§5.3.2): sample B prompts → G responses each from π_θold (one batched `generate`
-call) → rewards → group advantages → log-probs under π_θold and π_ref, without gradients →
-E epochs of minibatch gradient steps on the loss (several steps, so the ratio leaves 1) → log.
+One iteration: sample B prompts → G responses each from π_θold (one batched `generate` call)
+→ rewards → group advantages → log-probs under π_θold and π_ref, without gradients → E epochs
+of minibatch gradient steps on the loss (several steps, so the ratio leaves 1) → log.
+The same file runs on several GPUs (torchrun, data parallel) and with LoRA: see the README.
 
-    python gspo.py                                   # embedded tiny model, offline, CPU, ~2 minutes
+    python gspo.py                                   # embedded tiny model, offline, CPU, ~60 s
     python gspo.py --model Qwen/Qwen2.5-0.5B-Instruct --max-new-tokens 64 --learning-rate 1e-6   # GPU
+    torchrun --nproc_per_node 4 gspo.py --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16 ...    # 4 GPUs
 """
 
+import contextlib
 import copy
 import os
 import random
 import time
+import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
 import tyro
 from torch import Tensor
 
-from common.tasks import TASKS
+from common.tasks import EVAL_SEED, TASKS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
 class Args:
+    # Model and task
     model: str = "common/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
     """verifiable task from common/tasks.py: addition (the only one the tiny model knows), subtraction, multiplication"""
+    # Sampling
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
     prompts_per_iteration: int = 32
-    """B: prompts per iteration; each iteration trains on B * G responses"""
+    """B: prompts per iteration, over all processes; each iteration trains on B * G responses"""
     num_iterations: int = 150
     """number of sample-then-update iterations"""
     max_new_tokens: int = 8
     """response length cap; the tiny model's answers take at most 5 tokens (4 digits + EOS)"""
     temperature: float = 1.0
     """sampling temperature; log-probs are computed at the same temperature"""
+    # Optimisation
     update_epochs: int = 1
     """E: passes over each rollout batch"""
     num_minibatches: int = 4
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
-    """responses per forward/backward pass (gradient accumulation, to fit memory); default: the whole minibatch"""
+    """responses per forward/backward pass on each process (gradient accumulation, to fit memory); default: the whole minibatch"""
     learning_rate: float = 3e-4
     """Adam learning rate, decayed linearly to 0 over the run (3e-4 suits the tiny model; ~1e-6 for real LLMs)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
+    # The objective: what the sibling files change
     beta: float = 0.0
-    """β: weight of the KL penalty to the reference model; 0 (the paper's choice) loads no reference model"""
+    """β: weight of the KL penalty to the reference model; 0 (the paper's choice) needs no reference model"""
     kl_estimator: str = "k3"
     """per-token KL estimator: k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − log(π_ref/π) − 1"""
     clip_eps_low: float = 3e-4
     """lower clip range of the sequence ratio: s >= 1 − ε_low (eq. 109)"""
     clip_eps_high: float = 4e-4
     """upper clip range of the sequence ratio: s <= 1 + ε_high (eq. 109)"""
+    # Memory: models that do not fit with full fine-tuning
+    lora_rank: int = 0
+    """LoRA rank r: train low-rank adapters on every linear layer of attention and MLP instead of all weights (0 = full fine-tuning)"""
+    lora_alpha: float = 32.0
+    """LoRA scale α: the adapter's update is (α / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass instead of storing them: less memory, ~30 % more update time"""
+    # Evaluation and bookkeeping
     eval_every: int = 10
     """evaluate on the held-out split every this many iterations (and at the start and the end)"""
     eval_size: int = 200
     """held-out prompts per evaluation"""
     seed: int = 1
-    """seed of random, numpy and torch (prompts, sampling, initial state)"""
+    """seed of random, numpy and torch (prompts, sampling, initial state); process k of torchrun uses seed + k"""
     cuda: bool = True
     """use the GPU (with bfloat16 autocast) when there is one"""
     save_model: bool = False
-    """save the trained model and tokenizer under runs/{run_name}/model"""
-
-
-def check_args(args: Args) -> None:
-    """Refuse bad input with one clear line, before anything heavy is loaded (DESIGN §7)."""
-    batch = args.prompts_per_iteration * args.group_size
-    minibatch = batch // max(args.num_minibatches, 1)
-    checks = [
-        (args.task in TASKS, f"--task must be one of {', '.join(TASKS)}, got {args.task!r}"),
-        (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
-        (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
-        (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
-        (args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
-        (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
-        (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
-        (args.num_minibatches >= 1 and batch % args.num_minibatches == 0,
-         f"--num-minibatches must be >= 1 and divide the {batch} responses per iteration, got {args.num_minibatches}"),
-        (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
-         f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}, got {args.micro_batch_size}"),
-        (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
-        (args.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {args.max_grad_norm}"),
-        (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
-        (args.kl_estimator in ("k1", "k2", "k3"), f"--kl-estimator must be one of k1, k2, k3, got {args.kl_estimator!r}"),
-        (0 < args.clip_eps_low < 1, f"--clip-eps-low must be in (0, 1), got {args.clip_eps_low}"),
-        (args.clip_eps_high > 0, f"--clip-eps-high must be > 0, got {args.clip_eps_high}"),
-        (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
-        (args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise SystemExit(f"error: {message}")
+    """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
 
 
 def compute_advantages(rewards: Tensor, group_size: int) -> Tensor:
-    """eq. (90)-(91): Â_i = (R_i − mean) / sqrt(population variance + ε), within each group.
+    """eq. (90)-(91): Â_i = (R_i − mean) / sqrt(population variance + δ), within each group.
 
     `rewards` is [N] with the G responses of a prompt in consecutive rows. A group whose
-    rewards are all equal carries no signal: its advantages are exactly 0 (ε keeps it from NaN).
+    rewards are all equal carries no signal: its advantages are exactly 0 (δ keeps it from NaN).
     """
     grouped = rewards.view(-1, group_size)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
@@ -138,7 +126,7 @@ def compute_advantages(rewards: Tensor, group_size: int) -> Tensor:
 
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled by the policy (seed 002 §6.2, seed 004).
+    """Per-token estimate of KL(π_θ ‖ π_ref) from tokens sampled by the policy (Schulman 2020).
 
     With log_r = log π_ref − log π_θ: k1 = −log_r (unbiased, can be negative), k2 = ½ log_r²,
     k3 = e^{log_r} − log_r − 1 (unbiased and always ≥ 0; the default, as in GRPO).
@@ -184,20 +172,97 @@ def policy_loss(
     return -per_response.mean()
 
 
+def check_args(args: Args, world_size: int = 1) -> None:
+    """Refuse bad input with one clear line, before anything heavy is loaded."""
+    responses_per_process = args.prompts_per_iteration // world_size * args.group_size
+    minibatch = responses_per_process // max(args.num_minibatches, 1)
+    checks = [
+        (args.task in TASKS, f"--task must be one of {', '.join(TASKS)}, got {args.task!r}"),
+        (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
+        (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
+        (args.prompts_per_iteration % world_size == 0,
+         f"--prompts-per-iteration must be divisible by the {world_size} processes (whole groups live on one process), "
+         f"got {args.prompts_per_iteration}"),
+        (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
+        (args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
+        (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
+        (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
+        (args.num_minibatches >= 1 and responses_per_process % args.num_minibatches == 0,
+         f"--num-minibatches must be >= 1 and divide the {responses_per_process} responses per iteration"
+         f"{f' of each of the {world_size} processes' if world_size > 1 else ''}, got {args.num_minibatches}"),
+        (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
+         f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}"
+         f"{' per process' if world_size > 1 else ''}, got {args.micro_batch_size}"),
+        (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
+        (args.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {args.max_grad_norm}"),
+        (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
+        (args.kl_estimator in ("k1", "k2", "k3"), f"--kl-estimator must be one of k1, k2, k3, got {args.kl_estimator!r}"),
+        (0 < args.clip_eps_low < 1, f"--clip-eps-low must be in (0, 1), got {args.clip_eps_low}"),
+        (args.clip_eps_high > 0, f"--clip-eps-high must be > 0, got {args.clip_eps_high}"),
+        (args.lora_rank >= 0, f"--lora-rank must be >= 0 (0 = full fine-tuning), got {args.lora_rank}"),
+        (args.lora_alpha > 0, f"--lora-alpha must be > 0, got {args.lora_alpha}"),
+        (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
+        (args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f"error: {message}")
+
+
+# ---------------------------------------------------------------- the model: loading, dropout, LoRA, reference
+
 def resolve_model_path(model: str) -> str:
-    """The embedded model is named relative to this file; anything else is a local folder or a hub id."""
+    """A folder (the embedded model is named relative to this file), or a hub id found in the local cache or on the hub.
+
+    Checked before anything heavy: without network, a hub id that is not cached gets one line within seconds,
+    not a minute of download retries.
+    """
     if os.path.isdir(os.path.join(HERE, model)):
         return os.path.join(HERE, model)
     if os.path.isdir(model):
         return model
     if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
         raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' or 'org/name')")
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    cached_config = try_to_load_from_cache(model, "config.json")
+    if isinstance(cached_config, str):
+        return os.path.dirname(cached_config)  # the cached snapshot: loads without asking the network
+    download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
+        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {download}")
+    try:
+        model_info(model, timeout=10)
+    except RepositoryNotFoundError:
+        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub (a typo? a private model needs `hf auth login`)")
+    except Exception as e:  # no network, DNS failure, time-out, proxy: whatever stops the download
+        raise SystemExit(f"error: --model {model!r} is not in the local cache and the hub cannot be reached "
+                         f"({type(e).__name__}): {download}")
     return model
 
 
+def disable_dropout(model) -> None:
+    """Every dropout probability of the model to 0 (hub configs have them: gpt2's are 0.1).
+
+    Sampling and the old log-probs run in eval mode, the update in train mode. With dropout on, the
+    first update would score the sampled tokens with another (random) function than the one that
+    sampled them, and the ratio π_θ/π_θold would be noise instead of exactly 1.
+    """
+    for key, value in model.config.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            setattr(model.config, key, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):  # e.g. Llama's attention_dropout, read at forward time
+                setattr(module, name, 0.0)
+
+
 def load_policy(name: str, model_path: str, device):
-    """Tokenizer and model from a hub id or a folder, ready for left-padded batched generation."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
+    """Tokenizer and model from a hub id or a folder, dropout off, ready for left-padded batched generation."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # one console line per iteration, no loading bars
@@ -206,14 +271,51 @@ def load_policy(name: str, model_path: str, device):
         tokenizer = AutoTokenizer.from_pretrained(model_path)
         if tokenizer.eos_token_id is None:
             raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses could never end")
+        AutoConfig.from_pretrained(model_path, trust_remote_code=False)  # fails fast, without asking, on custom code
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-    except OSError as e:
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise SystemExit(f"error: --model {name!r} needs its own code from the hub (trust_remote_code); "
+                             "this script runs only architectures that transformers ships")
         raise SystemExit(f"error: --model {name!r} could not be loaded: {str(e).splitlines()[0]}")
+    disable_dropout(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it
     tokenizer.padding_side = "left"  # generation appends at the right end of every row
     return tokenizer, model
 
+
+def add_lora(model, args: Args):
+    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze the model's weights W and learn W + (α/r) B A on every
+    linear layer of attention and MLP (peft's "all-linear": all but the output head). B starts at 0, so the
+    policy starts as the model itself. Adapter dropout is 0 for the same reason as in disable_dropout."""
+    from peft import LoraConfig, get_peft_model
+
+    warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D layers: peft handles them, and says so
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft calls the old name
+    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear", lora_dropout=0.0)
+    return get_peft_model(model, config)
+
+
+def reference_model(model, args: Args):
+    """π_ref of the KL term, frozen at the starting policy; β = 0 needs none.
+
+    With LoRA it is the policy itself with its adapters switched off while it scores (see
+    `reference_scoring`): the starting model, at no memory cost. Otherwise a frozen copy.
+    """
+    if args.beta == 0:
+        return None
+    if args.lora_rank > 0:
+        return model
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def reference_scoring(ref_model, args: Args):
+    """The context in which ref_model scores tokens as π_ref: adapters off with LoRA, nothing to do otherwise."""
+    return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- sampling and scoring responses
 
 def response_logits(model, sequences: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float) -> Tensor:
     """Logits of the distributions each response token was sampled from, ÷ temperature, in float32: [N, T, vocab].
@@ -226,7 +328,8 @@ def response_logits(model, sequences: Tensor, attention_mask: Tensor, prompt_len
     num_response = sequences.shape[1] - prompt_len
     # Only the logits that predict response tokens are needed: positions prompt_len-1 .. end-1.
     logits = model(
-        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_response + 1
+        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_response + 1,
+        use_cache=False,  # scoring needs no KV cache (and gradient checkpointing refuses one)
     ).logits[:, :-1]
     return logits.float() / temperature
 
@@ -254,6 +357,14 @@ def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     return (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).float(), truncated
 
 
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a response: the tokenizer's EOS and any end token of the model's generation config
+    (a chat model's end of turn, e.g. Qwen's <|im_end|> next to <|endoftext|>)."""
+    config_eos = model.generation_config.eos_token_id
+    config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
+    return sorted({tokenizer.eos_token_id, *config_eos})
+
+
 def format_prompts(tokenizer, prompts: list[str]) -> list[str]:
     """Plain prompts for base models; the chat template (one user turn) for models that have one."""
     if tokenizer.chat_template is None:
@@ -274,23 +385,26 @@ def sample(model, tokenizer, prompts: list[str], args: Args, device, num_samples
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
-    # Stop at the tokenizer's EOS and at any end token the model's generation config adds (chat models).
-    config_eos = model.generation_config.eos_token_id
-    config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
-    eos_ids = sorted({tokenizer.eos_token_id, *config_eos})
+    eos_ids = eos_token_ids(model, tokenizer)
     # Sample from π_θold itself: no top-k/top-p truncation or repetition penalty, whatever the model's
     # generation_config says, or the behaviour policy would not be the one whose log-probs we compute.
     # generate() derives position_ids from the attention mask, as response_logits does.
     sequences = model.generate(
-        input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=args.max_new_tokens,
-        do_sample=not greedy, temperature=None if greedy else args.temperature, top_k=None if greedy else 0,
-        top_p=None if greedy else 1.0, repetition_penalty=1.0, pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids,
+        input_ids=prompt_ids,
+        attention_mask=prompt_mask,
+        max_new_tokens=args.max_new_tokens,
+        do_sample=not greedy,
+        temperature=None if greedy else args.temperature,
+        top_k=None if greedy else 0,
+        top_p=None if greedy else 1.0,
+        repetition_penalty=1.0,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=eos_ids,
     )
     prompt_len = prompt_ids.shape[1]
-    responses = sequences[:, prompt_len:]
-    eos_ids = torch.tensor(eos_ids, device=device)
-    mask, truncated = response_mask(responses, eos_ids)
-    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
+    responses = sequences[:, prompt_len:]  # [N, T]
+    mask, truncated = response_mask(responses, torch.tensor(eos_ids, device=device))
+    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # [N, P+T]
     return sequences, attention_mask, prompt_len, responses, mask, truncated
 
 
@@ -304,159 +418,259 @@ def decode(tokenizer, responses: Tensor, mask: Tensor) -> list[str]:
 def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast) -> tuple[float, float]:
     """Held-out accuracy: sampled at the training temperature (what RL optimises) and greedy."""
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
+    model.eval()
     accuracies = []
     for greedy in (False, True):
         with autocast:
             _, _, _, responses, mask, _ = sample(model, tokenizer, prompts, args, device, num_samples=1, greedy=greedy)
         texts = decode(tokenizer, responses, mask)
-        accuracies.append(sum(task.reward(t, y) for t, y in zip(texts, targets)) / len(targets))
+        accuracies.append(sum(task.reward(text, target) for text, target in zip(texts, targets)) / len(targets))
     return accuracies[0], accuracies[1]
+
+
+# ---------------------------------------------------------------- one iteration's rollout, and the update on it
+
+class Rollout(NamedTuple):
+    """What the update needs of one iteration's samples, on this process: N responses of at most T tokens."""
+
+    sequences: Tensor  # [N, P+T] left-padded prompts, then the responses
+    attention_mask: Tensor  # [N, P+T]
+    prompt_len: int  # P
+    responses: Tensor  # [N, T]
+    mask: Tensor  # [N, T] 1 on the tokens the loss sees (EOS included, padding excluded)
+    advantages: Tensor  # [N]
+    old_logprobs: Tensor  # [N, T] log π_θold of the sampled tokens
+    ref_logprobs: Optional[Tensor]  # [N, T] log π_ref, or None when β = 0
+
+
+@torch.no_grad()
+def score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args: Args, autocast):
+    """Log-probs of the sampled tokens under π_θold (the model as it sampled) and π_ref: fixed targets of the
+    update, no gradient. Also the entropy of π_θold at each position, for logging. All [N, T]."""
+    micro_batch_size = args.micro_batch_size or len(responses)
+    model.eval()
+    old_logprobs, ref_logprobs, entropies = [], [], []
+    for start in range(0, len(responses), micro_batch_size):
+        rows = slice(start, start + micro_batch_size)
+        with autocast:
+            logits = response_logits(model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
+        old_logprobs.append(token_logprobs(logits, responses[rows]))
+        entropies.append(entropy(logits))
+        if ref_model is not None:
+            with reference_scoring(ref_model, args), autocast:
+                logits = response_logits(ref_model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
+            ref_logprobs.append(token_logprobs(logits, responses[rows]))
+    return torch.cat(old_logprobs), torch.cat(ref_logprobs) if ref_model is not None else None, torch.cat(entropies)
+
+
+def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> dict[str, list[float]]:
+    """Step 5: E epochs of minibatch gradient steps on the loss; returns the per-step stats.
+
+    Each minibatch is one optimiser step, computed in micro-batches of --micro-batch-size responses
+    whose gradients add up to the minibatch's (gradient accumulation). Under torchrun `model` is
+    wrapped in DDP, which averages the gradients of the processes: their shards are equal in size,
+    so the step is the one-process step on the whole batch.
+    """
+    batch_size = len(rollout.responses)
+    minibatch_size = batch_size // args.num_minibatches
+    micro_batch_size = args.micro_batch_size or minibatch_size
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing
+    stats = {"policy_loss": [], "kl_ref": [], "clipfrac": [], "grad_norm": []}
+    for epoch in range(args.update_epochs):
+        order = torch.randperm(batch_size, device=rollout.responses.device)
+        for minibatch_start in range(0, batch_size, minibatch_size):
+            mb_inds = order[minibatch_start : minibatch_start + minibatch_size]
+            optimizer.zero_grad()
+            for micro_start in range(0, minibatch_size, micro_batch_size):
+                inds = mb_inds[micro_start : micro_start + micro_batch_size]
+                with gradient_sync(model, last=micro_start + micro_batch_size == minibatch_size):
+                    with autocast:
+                        logits = response_logits(
+                            model, rollout.sequences[inds], rollout.attention_mask[inds], rollout.prompt_len, args.temperature
+                        )
+                    logprobs = token_logprobs(logits, rollout.responses[inds])
+                    old_logprobs, mask = rollout.old_logprobs[inds], rollout.mask[inds]
+                    ref_logprobs = None if rollout.ref_logprobs is None else rollout.ref_logprobs[inds]
+                    loss = policy_loss(
+                        logprobs, old_logprobs, rollout.advantages[inds], mask,
+                        ref_logprobs=ref_logprobs,
+                        beta=args.beta,
+                        clip_eps_low=args.clip_eps_low,
+                        clip_eps_high=args.clip_eps_high,
+                        kl_estimator=args.kl_estimator,
+                    )
+                    # The loss is a mean over responses: weight each micro-batch by its share of the minibatch.
+                    (loss * len(inds) / minibatch_size).backward()
+                with torch.no_grad():
+                    ratio = torch.exp(masked_mean_per_response(logprobs - old_logprobs, mask).clamp(-20.0, 20.0))
+                    clipped = ((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high)).float()
+                    stats["policy_loss"].append(loss.item())
+                    stats["clipfrac"].append(clipped.mean().item())  # the fraction of clipped responses
+                    if ref_logprobs is not None:
+                        kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator)
+                        stats["kl_ref"].append(masked_mean_per_response(kl, mask).mean().item())
+            stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm).item())
+            optimizer.step()
+    return stats
+
+
+# ---------------------------------------------------------------- several processes (torchrun): data parallel
+
+def init_distributed(use_cuda: bool) -> tuple[int, int, torch.device]:
+    """rank, number of processes, device. Under torchrun (WORLD_SIZE > 1) join the process group: NCCL
+    between GPUs, gloo between CPU processes. A plain `python grpo.py` is process 0 of 1 and joins nothing."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = use_cuda and torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if world_size == 1:
+        return 0, 1, device
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return torch.distributed.get_rank(), world_size, device
+
+
+def gradient_sync(model, last: bool):
+    """DDP all-reduces gradients in every backward pass; within one optimiser step only the last micro-batch needs it."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def global_mean(value: float) -> float:
+    """Mean of a per-process number over all processes (itself in one process): what rank 0 logs is the whole batch's."""
+    if not torch.distributed.is_initialized():
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(total)
+    return total.item() / torch.distributed.get_world_size()
 
 
 if __name__ == "__main__":
     args = tyro.cli(Args)
-    check_args(args)
+    check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = resolve_model_path(args.model)
+    rank, world_size, device = init_distributed(args.cuda)
+    is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
     run_name = f"{args.task}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
 
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    # Each process samples other responses; the weights start equal (DDP copies process 0's).
+    random.seed(args.seed + rank)
+    np.random.seed(args.seed + rank)
+    torch.manual_seed(args.seed + rank)
     # On a GPU: float32 weights (so that small Adam steps are not lost to rounding) and bfloat16 autocast.
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     from torch.utils.tensorboard import SummaryWriter
 
     tokenizer, model = load_policy(args.model, model_path, device)
-    # β > 0: a frozen copy of the starting model is the reference π_ref; β = 0 needs none.
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.learning_rate)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()  # active in train mode only: the update, not sampling
+    if args.lora_rank > 0:
+        model = add_lora(model, args)
+    ref_model = reference_model(model, args)
+    # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
+    train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
     task = TASKS[args.task]
-    rng = random.Random(args.seed)
-    eval_prompts = task.prompts(args.eval_size, random.Random(1234), split="test")  # the same for every run
-    writer = SummaryWriter(os.path.join("runs", run_name))
-    writer.add_text(
-        "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    )
-    batch_size = args.prompts_per_iteration * args.group_size
-    minibatch_size = batch_size // args.num_minibatches
-    micro_batch_size = args.micro_batch_size or minibatch_size
-    num_parameters = sum(p.numel() for p in model.parameters())
-    print(f"{run_name}: {num_parameters:,} parameters on {device}, {batch_size} responses per iteration")
+    rng = random.Random(args.seed + rank)
+    eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
+    writer = SummaryWriter(os.path.join("runs", run_name)) if is_main else None
+    prompts_per_process = args.prompts_per_iteration // world_size
+    batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
+    if is_main:
+        writer.add_text(
+            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+        )
+        num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(
+            f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
+            f"{batch_size * world_size} responses per iteration"
+        )
+        accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
+        writer.add_scalar("charts/accuracy", accuracy, 0)
+        writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, 0)
+        print(f"iteration    0  held-out accuracy {accuracy:.3f} (greedy {greedy_accuracy:.3f})")
 
     start = time.time()
-    for iteration in range(args.num_iterations + 1):
-        # Evaluate the starting model, then every eval_every iterations and at the end (x = iterations done).
-        if iteration % args.eval_every == 0 or iteration == args.num_iterations:
-            model.eval()
-            accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
-            writer.add_scalar("charts/accuracy", accuracy, iteration)
-            writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
-            print(f"iteration {iteration:4d}  held-out accuracy {accuracy:.3f} (greedy {greedy_accuracy:.3f})")
-        if iteration == args.num_iterations:
-            break
+    for iteration in range(1, args.num_iterations + 1):
         iteration_start = time.time()
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
-        optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - iteration / args.num_iterations)
+        optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
 
-        # 1-3. Freeze π_θold = π_θ and sample G responses for each of B prompts (eq. 94).
+        # 1-3. Freeze π_θold = π_θ and sample G responses for each of this process's B / N prompts (eq. 94).
         model.eval()
-        pairs = task.prompts(args.prompts_per_iteration, rng)
+        pairs = task.prompts(prompts_per_process, rng)
         with autocast:
             sequences, attention_mask, prompt_len, responses, mask, truncated = sample(
                 model, tokenizer, [p for p, _ in pairs], args, device, num_samples=args.group_size
             )
         texts = decode(tokenizer, responses, mask)
-        targets = [t for _, t in pairs for _ in range(args.group_size)]
+        targets = [target for _, target in pairs for _ in range(args.group_size)]
         generate_seconds = time.time() - iteration_start
 
         # 4. Rewards and group-relative advantages, eq. (90)-(91).
-        rewards = torch.tensor([task.reward(text, y) for text, y in zip(texts, targets)], device=device)
+        rewards = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
         advantages = compute_advantages(rewards, args.group_size)
 
         # Log-probs of the sampled tokens under π_θold and π_ref: fixed targets, no gradient.
         logprob_start = time.time()
-        old_logprobs, ref_logprobs, entropies = [], [], []
-        with torch.no_grad(), autocast:
-            for i in range(0, batch_size, micro_batch_size):
-                rows = slice(i, i + micro_batch_size)
-                logits = response_logits(model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
-                old_logprobs.append(token_logprobs(logits, responses[rows]))
-                entropies.append(entropy(logits))
-                if ref_model is not None:
-                    logits = response_logits(ref_model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
-                    ref_logprobs.append(token_logprobs(logits, responses[rows]))
-        old_logprobs = torch.cat(old_logprobs)
-        ref_logprobs = torch.cat(ref_logprobs) if ref_model is not None else None
-        mean_entropy = (torch.cat(entropies) * mask).sum() / mask.sum()
+        old_logprobs, ref_logprobs, entropies = score_responses(
+            model, ref_model, sequences, attention_mask, prompt_len, responses, args, autocast
+        )
         logprob_seconds = time.time() - logprob_start
 
         # 5. E epochs of minibatch gradient steps on the sequence-level clipped surrogate (eq. 107, 109).
         update_start = time.time()
-        model.train()
-        stats = {"policy_loss": [], "kl_ref": [], "clipfrac": [], "grad_norm": []}
-        for epoch in range(args.update_epochs):
-            order = torch.randperm(batch_size, device=device)
-            for minibatch_start in range(0, batch_size, minibatch_size):
-                minibatch = order[minibatch_start : minibatch_start + minibatch_size]
-                optimizer.zero_grad()
-                for micro_start in range(0, minibatch_size, micro_batch_size):
-                    idx = minibatch[micro_start : micro_start + micro_batch_size]
-                    with autocast:
-                        logits = response_logits(model, sequences[idx], attention_mask[idx], prompt_len, args.temperature)
-                    logprobs = token_logprobs(logits, responses[idx])
-                    loss = policy_loss(
-                        logprobs, old_logprobs[idx], advantages[idx], mask[idx],
-                        ref_logprobs=None if ref_logprobs is None else ref_logprobs[idx],
-                        beta=args.beta, clip_eps_low=args.clip_eps_low, clip_eps_high=args.clip_eps_high,
-                        kl_estimator=args.kl_estimator,
-                    )
-                    # The loss is a mean over responses: weight each micro-batch by its share of the minibatch.
-                    (loss * len(idx) / minibatch_size).backward()
-                    with torch.no_grad():
-                        ratio = torch.exp(masked_mean_per_response(logprobs - old_logprobs[idx], mask[idx]).clamp(-20.0, 20.0))
-                        clipped = ((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high)).float()
-                        stats["policy_loss"].append(loss.item())
-                        stats["clipfrac"].append(clipped.mean().item())  # the fraction of clipped responses
-                        if ref_logprobs is not None:
-                            kl = kl_penalty(logprobs, ref_logprobs[idx], args.kl_estimator)
-                            stats["kl_ref"].append(masked_mean_per_response(kl, mask[idx]).mean().item())
-                stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(model.parameters(), args.max_grad_norm).item())
-                optimizer.step()
+        rollout = Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
+        stats = update_policy(train_model, optimizer, rollout, args, autocast)
         update_seconds = time.time() - update_start
 
-        # Log at x = iterations done; the tags are the same in every group script (DESIGN §6).
+        # Log at x = iterations done: means over all processes, written by process 0 (the same tags in every group script).
         iteration_seconds = time.time() - iteration_start
-        num_tokens = mask.sum().item()
-        writer.add_scalar("charts/reward", rewards.mean().item(), iteration + 1)
-        writer.add_scalar("charts/response_length", mask.sum(dim=1).mean().item(), iteration + 1)
-        writer.add_scalar("charts/truncated_fraction", truncated.float().mean().item(), iteration + 1)
-        writer.add_scalar("charts/tokens_per_second", num_tokens / iteration_seconds, iteration + 1)
-        writer.add_scalar("charts/samples_per_second", batch_size / iteration_seconds, iteration + 1)
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], iteration + 1)
-        writer.add_scalar("losses/entropy", mean_entropy.item(), iteration + 1)
-        for name, values in stats.items():
-            if values:
-                writer.add_scalar(f"losses/{name}", sum(values) / len(values), iteration + 1)
-        writer.add_scalar("perf/generate_seconds", generate_seconds, iteration + 1)
-        writer.add_scalar("perf/logprob_seconds", logprob_seconds, iteration + 1)
-        writer.add_scalar("perf/update_seconds", update_seconds, iteration + 1)
-        elapsed = time.time() - start
-        eta = elapsed / (iteration + 1) * (args.num_iterations - iteration - 1)
+        logged = {
+            "charts/reward": rewards.mean().item(),
+            "charts/response_length": mask.sum(dim=1).mean().item(),
+            "charts/truncated_fraction": truncated.float().mean().item(),
+            "charts/tokens_per_second": mask.sum().item() / iteration_seconds * world_size,
+            "charts/samples_per_second": batch_size / iteration_seconds * world_size,
+            "losses/entropy": ((entropies * mask).sum() / mask.sum()).item(),
+            **{f"losses/{name}": sum(values) / len(values) for name, values in stats.items() if values},
+            "perf/generate_seconds": generate_seconds,
+            "perf/logprob_seconds": logprob_seconds,
+            "perf/update_seconds": update_seconds,
+        }
+        logged = {tag: global_mean(value) for tag, value in logged.items()}
+        if not is_main:
+            continue
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], iteration)
+        for tag, value in logged.items():
+            writer.add_scalar(tag, value, iteration)
+        held_out = ""
+        if iteration % args.eval_every == 0 or iteration == args.num_iterations:
+            accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
+            writer.add_scalar("charts/accuracy", accuracy, iteration)
+            writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
+            held_out = f"  held-out {accuracy:.3f} (greedy {greedy_accuracy:.3f})"
+        eta = (time.time() - start) / iteration * (args.num_iterations - iteration)
         print(
-            f"iteration {iteration + 1:4d}/{args.num_iterations}  reward {rewards.mean().item():.3f}  "
-            f"held-out {accuracy:.3f}  "
-            f"length {mask.sum(dim=1).mean().item():.1f}  clipfrac {sum(stats['clipfrac']) / len(stats['clipfrac']):.3f}  "
-            f"{num_tokens / iteration_seconds:,.0f} tok/s  ETA {eta:.0f}s"
+            f"iteration {iteration:4d}/{args.num_iterations}  reward {logged['charts/reward']:.3f}  "
+            f"length {logged['charts/response_length']:.1f}  clipfrac {logged.get('losses/clipfrac', float('nan')):.3f}  "
+            f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
         )
 
-    if args.save_model:
+    if args.save_model and is_main:
         # Write to a temporary folder, then rename, so an interrupted save never leaves a half-written model.
+        # With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge.
         final, tmp = os.path.join("runs", run_name, "model"), os.path.join("runs", run_name, "model.tmp")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, final)
         print(f"saved to {final}")
-    writer.close()
+    if is_main:
+        writer.close()
+    if world_size > 1:
+        torch.distributed.destroy_process_group()

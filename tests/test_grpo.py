@@ -200,7 +200,6 @@ def test_bad_arguments_give_one_clear_line(field, value, flag):
 def test_missing_model_folder_is_refused():
     with pytest.raises(SystemExit, match="--model './no/such/model'"):
         grpo.resolve_model_path("./no/such/model")
-    assert grpo.resolve_model_path("gpt2") == "gpt2"  # a hub id passes through
     assert grpo.resolve_model_path("common/tiny_model") == TINY
 
 

@@ -1,0 +1,87 @@
+"""A fixed rollout batch on a tiny random GPT-2, the same in every process that builds it from the same seeds,
+and the update it must produce computed directly from the loss formula, without the file's update loop.
+Shared by the gradient-accumulation and the two-process tests; not a test file itself."""
+
+import torch
+
+GROUP_SIZE = 4
+MAX_NEW_TOKENS = 8  # T_max of Dr. GRPO; the responses are this wide
+TEMPERATURE = 0.7  # ≠ 1, so an update that forgot the temperature would score other log-probs
+
+
+def tiny_gpt2(seed: int = 0):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=40, n_positions=32, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                        attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
+    return GPT2LMHeadModel(config)
+
+
+def method_kwargs(module, args) -> dict:
+    """The method's own keyword arguments of policy_loss, read from its Args."""
+    names = {"clip_eps", "clip_eps_low", "clip_eps_high", "tau_pos", "tau_neg", "max_new_tokens"}
+    return {name: getattr(args, name) for name in names if name in module.policy_loss.__code__.co_varnames}
+
+
+def direct_logprobs(model, sequences, attention_mask, prompt_len, responses):
+    """log π(y_t | ...) at TEMPERATURE, written out independently of the files' response_logits/token_logprobs."""
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids).logits
+    logits = logits[:, prompt_len - 1 : -1].float() / TEMPERATURE
+    return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+
+
+def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1):
+    """Left-padded prompts, responses of unequal lengths (some all padding), off-policy old log-probs (so clips act),
+    a reference that differs from the policy (so the KL term acts), and group advantages of random 0/1 rewards."""
+    generator = torch.Generator().manual_seed(seed)
+    n, prompt_len = num_groups * GROUP_SIZE, 5
+    prompt_lengths = torch.randint(2, prompt_len + 1, (n,), generator=generator)
+    prompt_mask = (torch.arange(prompt_len) >= prompt_len - prompt_lengths.unsqueeze(1)).long()
+    lengths = torch.randint(1, MAX_NEW_TOKENS + 1, (n,), generator=generator)
+    lengths[3] = MAX_NEW_TOKENS
+    mask = (torch.arange(MAX_NEW_TOKENS) < lengths.unsqueeze(1)).float()
+    tokens = torch.randint(1, 40, (n, prompt_len + MAX_NEW_TOKENS), generator=generator)
+    sequences = tokens * torch.cat([prompt_mask, mask.long()], dim=1)  # padding is token 0
+    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
+    responses = sequences[:, prompt_len:]
+    with torch.no_grad():
+        logprobs = direct_logprobs(model, sequences, attention_mask, prompt_len, responses)
+    old_logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=generator)
+    ref_logprobs = logprobs + 0.5 * torch.randn(logprobs.shape, generator=generator)
+    rewards = torch.randint(0, 2, (n,), generator=generator).float()
+    rewards[:GROUP_SIZE] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # at least one group with signal
+    advantages = module.compute_advantages(rewards, GROUP_SIZE)
+    return module.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
+
+
+def shard(module, rollout, rank: int, world_size: int):
+    """The rows of process `rank`: whole groups, equal shares."""
+    rows = slice(rank * len(rollout.responses) // world_size, (rank + 1) * len(rollout.responses) // world_size)
+    return module.Rollout(*(x if isinstance(x, int) else x[rows] for x in rollout))
+
+
+def update_args(module, micro_batch_size=None, **overrides):
+    """One optimiser step on the whole batch: one epoch, one minibatch; no gradient clipping in the way."""
+    fields = dict(update_epochs=1, num_minibatches=1, micro_batch_size=micro_batch_size, beta=0.04, max_grad_norm=1e9,
+                  temperature=TEMPERATURE, max_new_tokens=MAX_NEW_TOKENS, group_size=GROUP_SIZE)
+    return module.Args(**{**fields, **overrides})
+
+
+def sgd_step(module, model, rollout, args, seed: int = 2) -> dict:
+    """Parameters after one update_policy call with SGD at learning rate 1: θ − ∇loss."""
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    torch.manual_seed(seed)
+    module.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    target = getattr(model, "module", model)  # DDP wraps the model
+    return {name: p.detach().clone() for name, p in target.named_parameters()}
+
+
+def direct_step(module, model, rollout, args) -> dict:
+    """θ − ∇loss with the loss computed in one piece on the whole batch, straight from policy_loss."""
+    logprobs = direct_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses)
+    loss = module.policy_loss(logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, ref_logprobs=rollout.ref_logprobs,
+                              beta=args.beta, kl_estimator=args.kl_estimator, **method_kwargs(module, args))
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return {name: (p - g).detach() for (name, p), g in zip(model.named_parameters(), grads)}

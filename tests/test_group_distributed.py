@@ -1,0 +1,77 @@
+"""One optimiser step is the same whether the batch runs whole, in gradient-accumulation micro-batches, or split over
+two processes (torchrun, DDP over gloo), and it is the step of the loss formula itself; plus a two-process run
+of every file from its command line."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dapo
+import dr_grpo
+import grpo
+import gspo
+import sapo
+from fixed_rollouts import direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
+
+
+def assert_same_parameters(actual, expected, initial):
+    moved = sum((expected[name] - initial[name]).abs().sum() for name in expected)
+    assert moved > 1e-3, "the reference step did not move the weights: the comparison would prove nothing"
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 1, 2, 8])
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches(module, micro_batch_size):
+    """update_policy (log-probs at the temperature, micro-batch weights, DAPO's whole-step token count) gives
+    θ − ∇loss of policy_loss evaluated once on the whole batch with independently computed log-probs."""
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model)
+    expected = direct_step(module, model, rollout, update_args(module))
+    actual = sgd_step(module, model, rollout, update_args(module, micro_batch_size))
+    assert_same_parameters(actual, expected, initial)
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory):
+    """One torchrun launch of 2 processes (see torchrun_worker.py): the steps to compare, and every file's run."""
+    out = tmp_path_factory.mktemp("torchrun")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+         os.path.join(ROOT, "tests", "torchrun_worker.py"), str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    outputs = dict(part.split("\n", 1) for part in result.stdout.split("=== ")[1:])
+    return out, torch.load(out / "steps.pt"), outputs
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_two_processes_take_the_one_process_step(module, micro_batch_size, torchrun):
+    """The test of record for torchrun: each process holds half of the groups (unequal token counts), DDP averages
+    the gradients, and the step equals the one-process step on the whole batch."""
+    _, steps, _ = torchrun
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    expected = sgd_step(module, model, fixed_rollout(module, model), update_args(module))
+    assert_same_parameters(steps[module.__name__, micro_batch_size], expected, initial)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_torchrun_two_processes_end_to_end(module, torchrun):
+    out, _, outputs = torchrun
+    stdout = outputs[f"{module.__name__}.py"]
+    (run_dir,) = (out / module.__name__ / "runs").iterdir()  # process 0 alone logs
+    assert len([f for f in run_dir.iterdir() if f.name.startswith("events.out.tfevents")]) == 1
+    for iteration in (1, 2):  # one console line per iteration, not one per process
+        assert stdout.count(f"iteration    {iteration}/2") == 1, stdout
+    assert "on 2 × cpu, 32 responses per iteration" in stdout

@@ -1,0 +1,280 @@
+"""The five group files on real architectures (random tiny GPT-2, Llama, Qwen2, Qwen3 built here, no download):
+dropout off, left padding, end-of-turn tokens, one iteration of every file in-process, LoRA, and the loading
+errors a user without network or with custom-code models meets."""
+
+import os
+import runpy
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dapo
+import dr_grpo
+import grpo
+import gspo
+import sapo
+from hub_like_models import ARCHITECTURES, make_model_folder
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """One folder per architecture, every dropout probability of the config at 0.1, as on the hub."""
+    root = tmp_path_factory.mktemp("hub")
+    return {arch: make_model_folder(arch, root / arch, dropout=0.1) for arch in ARCHITECTURES}
+
+
+def sample_batch(module, tokenizer, model, seed=0, num_samples=8, max_new_tokens=8):
+    torch.manual_seed(seed)
+    args = module.Args(max_new_tokens=max_new_tokens)
+    prompts = ["7+5=", "123+45=", "9="]  # prompts of different lengths: the batch is left-padded
+    return args, module.sample(model, tokenizer, prompts, args, CPU, num_samples=num_samples)
+
+
+# ---------------------------------------------------------------- dropout: the ratio at the first update is 1
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
+    """Sampling and π_θold's log-probs run in eval mode, the update in train mode: with gpt2's dropout 0.1
+    left on, the ratio at the first update would be noise (clip fraction ≈ 0.5 on a real GPT-2)."""
+    tokenizer, model = module.load_policy("gpt2", folders["gpt2"], CPU)
+    args, (sequences, attention_mask, prompt_len, responses, mask, _) = sample_batch(module, tokenizer, model)
+    old_logprobs, _, _ = module.score_responses(model, None, sequences, attention_mask, prompt_len, responses, args,
+                                                torch.autocast("cpu", enabled=False))
+    model.train()
+    logprobs = module.token_logprobs(module.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
+    ratio = torch.exp(logprobs - old_logprobs)[mask.bool()]
+    assert (ratio - 1).abs().max() < 1e-6
+
+
+# ---------------------------------------------------------------- each architecture
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_architecture_left_padding_dropout_and_eos(arch, folders):
+    tokenizer, model = grpo.load_policy(arch, folders[arch], CPU)
+    assert tokenizer.pad_token_id is not None and tokenizer.padding_side == "left"
+    eos_ids = grpo.eos_token_ids(model, tokenizer)
+    if arch == "qwen3":  # the end of turn counts as an end, next to the tokenizer's EOS
+        assert set(eos_ids) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    args, (sequences, attention_mask, prompt_len, responses, mask, truncated) = sample_batch(grpo, tokenizer, model, num_samples=16)
+
+    # A left-padded row scores its response exactly as it would alone, without padding.
+    batch = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
+    for row in range(0, len(sequences), 5):
+        keep = attention_mask[row].bool()
+        alone_seq = sequences[row][keep].unsqueeze(0)
+        n_pad, n = int((~keep[:prompt_len]).sum()), int(mask[row].sum())
+        logits = grpo.response_logits(model, alone_seq, torch.ones_like(alone_seq), prompt_len - n_pad, 1.0)
+        alone = grpo.token_logprobs(logits, responses[row : row + 1, :n])
+        torch.testing.assert_close(batch[row, :n], alone[0], atol=1e-5, rtol=1e-5)
+
+    # The first EOS is inside the mask, and nothing after it (pad = eos in qwen2 and gpt2).
+    finished = (~truncated).nonzero().flatten()
+    assert len(finished) >= 3, "the fixture should sample some responses that end"
+    for row in finished.tolist():
+        length = int(mask[row].sum())
+        assert responses[row, length - 1].item() in eos_ids
+        assert not any(t in eos_ids for t in responses[row, : length - 1].tolist())
+        assert mask[row, length:].sum() == 0
+
+    # Train mode (the update) scores like eval mode (sampling): the ratio at the first update is 1.
+    model.train()
+    train_logprobs = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
+    assert (torch.exp(train_logprobs - batch)[mask.bool()] - 1).abs().max() < 1e-6
+
+
+def run_in_process(script, flags, monkeypatch, capsys):
+    """Run a script's main block in this process (no second transformers import): the CLI path, minus a subprocess."""
+    monkeypatch.setattr(sys, "argv", [script, *flags])
+    runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folders, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    flags = ["--model", folders[arch], "--num-iterations", "1", "--prompts-per-iteration", "2", "--group-size", "4",
+             "--num-minibatches", "2", "--max-new-tokens", "6", "--eval-size", "4", "--beta", "0.04"]
+    out = run_in_process(f"{module.__name__}.py", flags, monkeypatch, capsys)
+    line = out.split("iteration    1/1")[1]
+    reward, length = float(line.split("reward")[1].split()[0]), float(line.split("length")[1].split()[0])
+    assert -2 <= reward <= 1 and 1 <= length <= 6
+    # A random model answers nothing right: dapo finds no group with signal and rightly takes no step (clipfrac nan).
+    assert "nan" not in line or module is dapo
+
+
+# ---------------------------------------------------------------- LoRA
+
+@pytest.fixture
+def lora_gpt2(folders):
+    tokenizer, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+    args = grpo.Args(lora_rank=4, lora_alpha=8.0, beta=0.04, max_new_tokens=8, num_minibatches=1, learning_rate=1e-2)
+    return tokenizer, grpo.add_lora(model, args), args
+
+
+def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
+    torch.manual_seed(seed)
+    sequences, attention_mask, prompt_len, responses, mask, _ = module.sample(model, tokenizer, ["7+5=", "123+45="], args, CPU, 4)
+    no_autocast = torch.autocast("cpu", enabled=False)
+    old, ref, _ = module.score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args, no_autocast)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
+    return module.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old, ref)
+
+
+def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(lora_gpt2):
+    tokenizer, model, args = lora_gpt2
+    ref_model = grpo.reference_model(model, args)
+    assert ref_model is model  # β > 0 with LoRA: no second copy of the model
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    rollout = rollout_for(grpo, model, ref_model, tokenizer, args)
+    torch.testing.assert_close(rollout.ref_logprobs, rollout.old_logprobs)  # B = 0 at the start: the same model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and all("lora_" in n for n in changed)  # the base weights did not move
+    assert any("lora_B" in n for n in changed)
+    # After the step the policy has moved, and π_ref (adapters off) is still exactly the starting model.
+    again = rollout_for(grpo, model, ref_model, tokenizer, args)
+    assert not torch.allclose(again.old_logprobs, again.ref_logprobs)
+    no_autocast = torch.autocast("cpu", enabled=False)
+    _, ref_after, _ = grpo.score_responses(model, ref_model, rollout.sequences, rollout.attention_mask, rollout.prompt_len,
+                                           rollout.responses, args, no_autocast)
+    torch.testing.assert_close(ref_after, rollout.old_logprobs, atol=1e-6, rtol=0)
+
+
+def test_full_fine_tuning_reference_is_a_frozen_copy(folders):
+    _, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+    ref_model = grpo.reference_model(model, grpo.Args(beta=0.04))
+    assert ref_model is not model and not any(p.requires_grad for p in ref_model.parameters())
+    assert grpo.reference_model(model, grpo.Args(beta=0.0)) is None
+
+
+def test_lora_adapter_saves_and_loads_with_peft(lora_gpt2, folders, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    tokenizer, model, args = lora_gpt2
+    rollout = rollout_for(grpo, model, None, tokenizer, args)
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    model.save_pretrained(tmp_path / "adapter")
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["gpt2"]), tmp_path / "adapter").eval()
+    model.eval()
+    logits = [grpo.response_logits(m, rollout.sequences, rollout.attention_mask, rollout.prompt_len, 1.0) for m in (model, loaded)]
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+    merged = loaded.merge_and_unload()  # the README's merge recipe: a plain model with the update folded in
+    torch.testing.assert_close(grpo.response_logits(merged, rollout.sequences, rollout.attention_mask, rollout.prompt_len, 1.0),
+                               logits[0], atol=1e-4, rtol=1e-4)
+
+
+def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
+    """Gradient checkpointing recomputes activations in the backward pass: memory, not math."""
+    steps = []
+    for checkpointing in (False, True):
+        tokenizer, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1, gradient_checkpointing=checkpointing)
+        torch.manual_seed(0)
+        model = grpo.add_lora(model, args)
+        rollout = rollout_for(grpo, model, None, tokenizer, args)
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+        grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+        steps.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+    for name in steps[0]:
+        torch.testing.assert_close(steps[0][name], steps[1][name], atol=1e-6, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- loading errors: one line, within seconds
+
+def test_uncached_hub_id_with_hf_hub_offline(monkeypatch, tmp_path):
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.*hf download gpt2"):
+        grpo.resolve_model_path("gpt2")
+
+
+def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def unreachable(repo_id, timeout):
+        raise ConnectionError("Name or service not known")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
+    with pytest.raises(SystemExit, match=r"not in the local cache and the hub cannot be reached \(ConnectionError\)"):
+        grpo.resolve_model_path("gpt2")
+
+    class NotFound(RepositoryNotFoundError):
+        def __init__(self):
+            Exception.__init__(self, "404 Client Error")  # what the hub answers a typo, without an HTTP response
+
+    def not_found(repo_id, timeout):
+        raise NotFound()
+
+    monkeypatch.setattr(huggingface_hub, "model_info", not_found)
+    with pytest.raises(SystemExit, match=r"--model 'gtp2' is not a model on the Hugging Face hub"):
+        grpo.resolve_model_path("gtp2")
+
+
+def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp_path, folders):
+    """A model downloaded once is found in the cache (hub layout: models--org--name/snapshots/<rev>/)."""
+    import shutil
+
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / "abc123"
+    shutil.copytree(folders["qwen2"], snapshot)
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.model_info", lambda *a, **k: pytest.fail("the network was asked"))
+    assert grpo.resolve_model_path("org/tiny") == str(snapshot)
+
+
+def test_offline_cli_fails_in_one_line(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "gspo.py"), "--model", "gpt2", "--group-size", "8"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: --model 'gpt2' is not in the local")
+
+
+def test_model_needing_remote_code_is_refused(tmp_path, folders):
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # an ordinary tokenizer, a model with its own code
+        shutil.copy(os.path.join(folders["llama"], name), tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "my_custom_arch", "auto_map": {"AutoConfig": "c.XConfig"}}')
+    with pytest.raises(SystemExit, match=r"needs its own code from the hub \(trust_remote_code\)"):
+        grpo.load_policy("org/custom", str(tmp_path), CPU)
+
+
+# ---------------------------------------------------------------- bad input of the new flags, per file
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "fields, world_size, flag",
+    [
+        (dict(lora_rank=-1), 1, "--lora-rank"),
+        (dict(lora_alpha=0.0), 1, "--lora-alpha"),
+        (dict(prompts_per_iteration=6), 4, "--prompts-per-iteration"),  # 4 processes cannot split 6 prompts into whole groups
+        (dict(prompts_per_iteration=4, group_size=2, num_minibatches=8), 2, "--num-minibatches"),  # 8 in all, 4 per process
+        (dict(micro_batch_size=24), 2, "--micro-batch-size"),  # 32 prompts × 8 / 2 processes / 4 minibatches = 32 per minibatch
+    ],
+)
+def test_bad_new_flags_give_one_clear_line(module, fields, world_size, flag):
+    with pytest.raises(SystemExit) as e:
+        module.check_args(module.Args(**fields), world_size=world_size)
+    message = str(e.value)
+    assert message.startswith(f"error: {flag} ") and "\n" not in message

@@ -1,0 +1,49 @@
+"""Run by torchrun (2 processes, gloo) from test_group_distributed.py, so that one launch serves every check:
+1. every group file takes one optimiser step on this process's half of a fixed batch, DDP-wrapped, with and
+   without micro-batches; process 0 saves the parameters for the test to compare with the one-process step;
+2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
+   folder), as `torchrun --nproc_per_node 2 grpo.py ...` would. Not a test file itself."""
+
+import importlib
+import os
+import runpy
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
+from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
+
+FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
+
+if __name__ == "__main__":
+    out = sys.argv[1]
+    torch.distributed.init_process_group("gloo")
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    steps = {}
+    for name in FILES:
+        module = importlib.import_module(name)
+        for micro_batch_size in (None, 2):
+            model = tiny_gpt2()
+            rollout = shard(module, fixed_rollout(module, model), rank, world_size)
+            ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+            steps[name, micro_batch_size] = sgd_step(module, ddp_model, rollout, update_args(module, micro_batch_size))
+    if rank == 0:
+        torch.save(steps, os.path.join(out, "steps.pt"))
+    torch.distributed.destroy_process_group()
+
+    # Each main block joins a process group itself and leaves it at the end: give each its own rendezvous store
+    # (a fresh port that process 0 serves), since the agent's store still holds the first group's keys.
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+    base_port = int(os.environ["MASTER_PORT"])
+    for index, name in enumerate(FILES):
+        os.environ["MASTER_PORT"] = str(base_port + 1 + index)
+        os.makedirs(os.path.join(out, name), exist_ok=True)
+        os.chdir(os.path.join(out, name))
+        if rank == 0:
+            print(f"=== {name}.py", flush=True)
+        sys.argv = [f"{name}.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8",
+                    "--micro-batch-size", "4"]
+        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        sys.stdout.flush()
