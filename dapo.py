@@ -58,7 +58,7 @@ import torch.nn.functional as F
 import tyro
 from torch import Tensor
 
-from common.tasks import EVAL_SEED, TASKS
+from common.tasks import EVAL_SEED, get_task
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -69,7 +69,13 @@ class Args:
     model: str = "common/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
-    """verifiable task from common/tasks.py: addition (the only one the tiny model knows), subtraction, multiplication"""
+    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
+    countdown, or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    few_shot: Optional[int] = None
+    """base models (no chat template): solved training examples shown before each question, and the response ends
+    where the answer does; default: the task's (2-3), 0 for the embedded model (trained on bare questions)"""
+    system_prompt: Optional[str] = None
+    """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
     # Sampling
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
@@ -223,7 +229,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
     responses_per_process = args.prompts_per_iteration // world_size * args.group_size
     minibatch = responses_per_process // max(args.num_minibatches, 1)
     checks = [
-        (args.task in TASKS, f"--task must be one of {', '.join(TASKS)}, got {args.task!r}"),
+        (args.few_shot is None or args.few_shot >= 0, f"--few-shot must be >= 0, got {args.few_shot}"),
         (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
         (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
         (args.prompts_per_iteration % world_size == 0,
@@ -256,6 +262,10 @@ def check_args(args: Args, world_size: int = 1) -> None:
     for ok, message in checks:
         if not ok:
             raise SystemExit(f"error: {message}")
+    try:
+        get_task(args.task)  # a .jsonl file is read here: a malformed line is named before the model loads
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
 
 
 # ---------------------------------------------------------------- the model: loading, dropout, LoRA, reference
@@ -414,23 +424,60 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted({tokenizer.eos_token_id, *config_eos})
 
 
-def format_prompts(tokenizer, prompts: list[str]) -> list[str]:
-    """Plain prompts for base models; the chat template (one user turn) for models that have one."""
-    if tokenizer.chat_template is None:
+def format_prompts(tokenizer, task, prompts: list[str], args: Args) -> list[str]:
+    """What the model reads. A chat model: its chat template, with the question and the task's answer format
+    in the user turn (after --system-prompt). A base model: --few-shot solved examples from the training
+    split, then the question, so that it answers in the format the reward reads; 0 examples: the bare question."""
+    if tokenizer.chat_template is not None:
+        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
+        return [
+            tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+    if not args.few_shot:
         return prompts
-    return [
-        tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-        for p in prompts
-    ]
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in task.examples(args.few_shot, random.Random(EVAL_SEED)))
+    return [f"{shots}Question: {p}\nAnswer:" for p in prompts]
+
+
+def answer_stop(tokenizer, task, args: Args) -> Optional[str]:
+    """Where a few-shot base model's answer ends: at the first newline, or at the blank line that separates the
+    examples when their answers span lines. Without the cut it would run on into a question of its own, and
+    the reward would read the wrong number. Chat models and bare questions end at an EOS token."""
+    if tokenizer.chat_template is not None or not args.few_shot:
+        return None
+    multi_line = any("\n" in a for _, a in task.examples(args.few_shot, random.Random(EVAL_SEED)))
+    return "\n\n" if multi_line else "\n"
+
+
+def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
+    """mask [N, T] ended at the token that completes the first `stop` string (the token included, like an EOS):
+    the shortest prefix whose text holds it, found by bisection, since one token may hold several characters."""
+    lengths = []
+    for row, n in zip(responses.tolist(), mask.sum(dim=1).long().tolist()):
+        low, high = 1, n
+        if stop in tokenizer.decode(row[:n]):
+            while low < high:
+                middle = (low + high) // 2
+                if stop in tokenizer.decode(row[:middle]):
+                    high = middle
+                else:
+                    low = middle + 1
+        lengths.append(high)
+    positions = torch.arange(responses.shape[1], device=responses.device)
+    return (positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)).float()
 
 
 @torch.no_grad()
-def sample(model, tokenizer, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
+def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
     """num_samples responses per prompt in one batched `generate` call (left padding, KV cache).
 
     Returns sequences [N, P+T], attention_mask [N, P+T], prompt_len P, responses [N, T], mask [N, T], truncated [N].
     """
-    texts = format_prompts(tokenizer, prompts)  # a chat template already holds its special tokens
+    texts = format_prompts(tokenizer, task, prompts, args)  # a chat template already holds its special tokens
+    stop = answer_stop(tokenizer, task, args)
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
@@ -453,6 +500,10 @@ def sample(model, tokenizer, prompts: list[str], args: Args, device, num_samples
     prompt_len = prompt_ids.shape[1]
     responses = sequences[:, prompt_len:]  # [N, T]
     mask, truncated = response_mask(responses, torch.tensor(eos_ids, device=device))
+    if stop is not None:  # cut after generating: transformers' own stop strings fail on some tokenizers
+        cut = stop_mask(tokenizer, responses, mask, stop)
+        truncated = truncated & (cut.sum(dim=1) == mask.sum(dim=1))  # an answer that ended is not cut short
+        mask = cut
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # [N, P+T]
     return sequences, attention_mask, prompt_len, responses, mask, truncated
 
@@ -471,7 +522,7 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     accuracies = []
     for greedy in (False, True):
         with autocast:
-            _, _, _, responses, mask, _ = sample(model, tokenizer, prompts, args, device, num_samples=1, greedy=greedy)
+            _, _, _, responses, mask, _ = sample(model, tokenizer, task, prompts, args, device, num_samples=1, greedy=greedy)
         texts = decode(tokenizer, responses, mask)
         accuracies.append(sum(task.reward(text, target) for text, target in zip(texts, targets)) / len(targets))
     return accuracies[0], accuracies[1]
@@ -611,7 +662,8 @@ if __name__ == "__main__":
     model_path = resolve_model_path(args.model)
     rank, world_size, device = init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
-    run_name = f"{args.task}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
+    task = get_task(args.task)
+    run_name = f"{task.name}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
 
     # Each process samples other responses; the weights start equal (DDP copies process 0's).
     random.seed(args.seed + rank)
@@ -632,9 +684,15 @@ if __name__ == "__main__":
     train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
-    task = TASKS[args.task]
-    rng = random.Random(args.seed + rank)
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
+    if args.few_shot is None:  # the embedded model was trained on bare questions; other base models get examples
+        args.few_shot = 0 if model_path == os.path.join(HERE, "common", "tiny_model") else task.default_few_shot
+    texts = format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args)
+    longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
+    if longest + args.max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
+        raise SystemExit(f"error: prompts of up to {longest} tokens + --max-new-tokens {args.max_new_tokens} exceed the "
+                         f"model's {model.config.max_position_embeddings} positions: lower --few-shot or --max-new-tokens")
+    rng = random.Random(args.seed + rank)
     writer = SummaryWriter(os.path.join("runs", run_name)) if is_main else None
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
@@ -647,6 +705,7 @@ if __name__ == "__main__":
             f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
             f"{batch_size * world_size} responses per iteration"
         )
+        print(f"the model reads (first held-out prompt): {format_prompts(tokenizer, task, [eval_prompts[0][0]], args)[0]!r}")
         accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
         writer.add_scalar("charts/accuracy", accuracy, 0)
         writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, 0)
@@ -667,7 +726,7 @@ if __name__ == "__main__":
             pairs = task.prompts(prompts_per_process, rng)
             with autocast:
                 sequences, attention_mask, prompt_len, responses, mask, truncated = sample(
-                    model, tokenizer, [p for p, _ in pairs], args, device, num_samples=args.group_size
+                    model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size
                 )
             texts = decode(tokenizer, responses, mask)
             targets = [target for _, target in pairs for _ in range(args.group_size)]

@@ -43,10 +43,10 @@ def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) ->
 
     torch.manual_seed(seed)
     small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 max_position_embeddings=128)
+                 max_position_embeddings=512)
     if arch == "gpt2":
         tokenizer = make_tokenizer(chat=False, eos="<|endoftext|>", pad=None)
-        kwargs = dict(n_embd=32, n_layer=2, n_head=2, n_positions=128, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        kwargs = dict(n_embd=32, n_layer=2, n_head=2, n_positions=512, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     elif arch == "llama":
         tokenizer = make_tokenizer(chat=False, eos="</s>", pad=None)
         kwargs = dict(small, attention_dropout=dropout, tie_word_embeddings=False)

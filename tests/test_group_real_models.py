@@ -15,11 +15,13 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
+from common.tasks import TASKS
 from hub_like_models import ARCHITECTURES, make_model_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
 CPU = torch.device("cpu")
+ADDITION = TASKS["addition"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +35,7 @@ def sample_batch(module, tokenizer, model, seed=0, num_samples=8, max_new_tokens
     torch.manual_seed(seed)
     args = module.Args(max_new_tokens=max_new_tokens)
     prompts = ["7+5=", "123+45=", "9="]  # prompts of different lengths: the batch is left-padded
-    return args, module.sample(model, tokenizer, prompts, args, CPU, num_samples=num_samples)
+    return args, module.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=num_samples)
 
 
 # ---------------------------------------------------------------- dropout: the ratio at the first update is 1
@@ -120,7 +122,7 @@ def lora_gpt2(folders):
 
 def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
     torch.manual_seed(seed)
-    sequences, attention_mask, prompt_len, responses, mask, _ = module.sample(model, tokenizer, ["7+5=", "123+45="], args, CPU, 4)
+    sequences, attention_mask, prompt_len, responses, mask, _ = module.sample(model, tokenizer, ADDITION, ["7+5=", "123+45="], args, CPU, 4)
     no_autocast = torch.autocast("cpu", enabled=False)
     old, ref, _ = module.score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args, no_autocast)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])

@@ -139,7 +139,7 @@ def test_left_padded_logprobs_equal_logprobs_alone(tiny):
     args = grpo.Args(max_new_tokens=6)
     torch.manual_seed(0)
     prompts = ["7+5=", "123+456=", "45-9="]
-    sequences, attention_mask, prompt_len, responses, mask, _ = grpo.sample(model, tokenizer, prompts, args, "cpu", num_samples=2)
+    sequences, attention_mask, prompt_len, responses, mask, _ = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", num_samples=2)
     batch = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
     for row in range(len(sequences)):
         keep = attention_mask[row].bool()  # the row without its padding, scored alone
@@ -153,10 +153,10 @@ def test_batched_greedy_generation_equals_alone(tiny):
     tokenizer, model = tiny
     args = grpo.Args()
     prompts = ["7+5=", "123+456=", "45-9="]
-    _, _, _, responses, mask, _ = grpo.sample(model, tokenizer, prompts, args, "cpu", 1, greedy=True)
+    _, _, _, responses, mask, _ = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", 1, greedy=True)
     together = grpo.decode(tokenizer, responses, mask)
     for prompt, text in zip(prompts, together):
-        _, _, _, r, m, _ = grpo.sample(model, tokenizer, [prompt], args, "cpu", 1, greedy=True)
+        _, _, _, r, m, _ = grpo.sample(model, tokenizer, TASKS["addition"], [prompt], args, "cpu", 1, greedy=True)
         assert grpo.decode(tokenizer, r, m) == [text]
 
 
