@@ -16,7 +16,7 @@ The group baseline replaces PPO's learned critic V_φ, which for an LLM would be
 of the same size. The KL term is the k3 estimator per token (Schulman 2020, "Approximating KL
 divergence"), averaged like the policy term.
 
-What changes from grpo.py, and why (the DAPO paper's list, with its ablation in §4 of the paper):
+What changes from grpo.py, and why (the DAPO paper's list and its ablation table):
 1. Clip-higher, eq. (101): ε_high = 0.28 > ε_low = 0.2. A symmetric clip stops an unlikely token
    with positive advantage from growing much, so exploration dies (entropy collapse).
 2. Dynamic sampling: a group whose answers are all right or all wrong has Â = 0 and gives no

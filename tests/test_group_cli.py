@@ -1,5 +1,5 @@
 """The four grpo.py variants from the command line: a short smoke run each (dapo.py's is in
-test_group_crossfile.py), and their own flags' bad input, checked in-process (DESIGN §7)."""
+test_group_crossfile.py), and their own flags' bad input, checked in-process (one clear line each)."""
 
 import os
 import subprocess

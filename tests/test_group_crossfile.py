@@ -1,20 +1,20 @@
 """Cross-file relations between the group methods: grpo.py, dr_grpo.py, dapo.py, gspo.py, sapo.py (and ppo.py).
 
-The four siblings are copies of grpo.py changed only where their method changes (DESIGN §4), so their
+The four siblings are copies of grpo.py changed only where their method changes, so their
 losses must agree wherever the change does not act, and differ in a known way where it does:
 
-    GRPO on one-token responses  = PPO's clipped loss                      (eq. 96-97 vs seed 002 §5.3)
+    GRPO on one-token responses  = PPO's clipped loss                      (eq. 96-97 vs eq. 78-79)
     GSPO on one-token responses  = GRPO                                    (eq. 107: s_i = r_i when T_i = 1)
     DAPO, ε_high = ε_low         = GRPO on equal lengths, else token weights T_i·N/ΣT   (eq. 101-102)
     Dr. GRPO, T_i = T_max        = GRPO, else a factor T_i/T_max per response          (eq. 100)
     at ratio 1: ∇GRPO = ∇SAPO = ∇GSPO                                      (eq. 111, 112, 122)
     GRPO advantages × group std = Dr. GRPO advantages                      (eq. 90-91, 98)
-    SAPO's gate sech²(τ(r−1)/2): 1 at r = 1, smaller away from 1, never 0  (eq. 117-122, DESIGN §4)
+    SAPO's gate sech²(τ(r−1)/2): 1 at r = 1, smaller away from 1, never 0  (eq. 117-122)
     DAPO: micro-batches with the whole batch's token count = the whole batch (eq. 102)
     DAPO: dynamic sampling keeps signal groups only; the overlong penalty is 0 / linear / −1
 
-plus the seed's worked numbers and the numerical edge cases (no NaN). Equations are numbered as in
-seeds/000_9c79aee60b2529b2.txt. Where two methods must agree, they agree to float64 precision: the
+plus the worked numbers of the equation page and the numerical edge cases (no NaN). Equations are numbered as in
+common/EQUATIONS.md. Where two methods must agree, they agree to float64 precision: the
 tensors are float64 and the tolerances tight. Padding tokens carry junk log-probs on purpose, so a loss
 that let padding leak in would fail.
 """
@@ -84,7 +84,7 @@ def assert_clip_acts(logprobs, old, mask, eps):
 @pytest.mark.parametrize("width", [1, 4])  # width 4: one real token, then three padding tokens
 def test_grpo_one_token_equals_ppo(clip_eps, width):
     """With T_i = 1 the per-response mean of eq. (97) is the token itself, so GRPO's loss is PPO's
-    clipped surrogate (seed 002 §5.3, eq. 78-79) averaged over responses, negated: same value, same gradient."""
+    clipped surrogate (eq. 78-79) averaged over responses, negated: same value, same gradient."""
     ppo_path = os.path.join(ROOT, "ppo.py")
     if not os.path.exists(ppo_path):
         pytest.skip("ppo.py does not exist yet: the GRPO = PPO relation needs ppo.policy_loss")
@@ -210,7 +210,7 @@ def test_dr_grpo_shorter_responses_scale_by_length_over_t_max():
 @pytest.mark.parametrize("seed", [11, 12])
 def test_gradient_at_ratio_one_grpo_sapo_gspo_agree(seed):
     """At r = 1 (logprobs = old_logprobs) no clip acts and SAPO's gate is 1, so eq. (112), (122) and (111)
-    all give ∂J/∂logπ_{i,t} = Â_i/(N·T_i): GRPO, SAPO and GSPO have the same gradient (DESIGN §4: with
+    all give ∂J/∂logπ_{i,t} = Â_i/(N·T_i): GRPO, SAPO and GSPO have the same gradient (eq. 122: with
     one update per rollout the three are the same algorithm). Checked with their default ε and τ too."""
     old, _, advantages, mask = batch(seed)
     expected = -(advantages / mask.sum(1)).unsqueeze(1) * mask / mask.shape[0]
@@ -245,7 +245,7 @@ def test_gradient_at_ratio_one_dr_grpo_and_dapo_differ_only_by_aggregation_weigh
 def test_grpo_advantages_times_group_std_equal_dr_grpo_advantages(kind):
     """eq. (98) is eq. (91) without the division by s_u = sqrt(population variance + ε) of eq. (90)
     (ε = 1e-6 as in grpo.py), so Â_GRPO · s_u = Â_Dr, group by group; equivalently Â_Dr / s_u = Â_GRPO.
-    (DESIGN §8 writes "Dr. GRPO advantages × group std = GRPO advantages": the std goes on the other side.)
+    (The tempting reading "Dr. GRPO advantages × group std = GRPO advantages" puts the std on the wrong side.)
     A group of equal rewards gives exactly 0 in both."""
     group_size, g = 6, torch.Generator().manual_seed(14)
     rewards = torch.rand(5 * group_size, generator=g, dtype=F64)
@@ -306,8 +306,8 @@ def test_sapo_gate_shape():
 
 @pytest.mark.parametrize("tau_pos, tau_neg", [(1.0, 1.05), (0.5, 2.0), (3.0, 3.0)])
 def test_sapo_gate_closed_form_is_sech_squared(tau_pos, tau_neg):
-    """DESIGN §4: d/dr [4/τ σ(τ(r−1))] = 4σ(x)(1−σ(x)) = sech²(x/2) with x = τ(r−1); the last form of
-    seed eq. (120), 2(τ(r−1)/2), is garbled (it would be 0 at r = 1). τ is τ_pos for Â > 0, τ_neg otherwise."""
+    """eq. (120): d/dr [4/τ σ(τ(r−1))] = 4σ(x)(1−σ(x)) = sech²(x/2) with x = τ(r−1): 1 at r = 1 (a form
+    without the square would be 0 there). τ is τ_pos for Â > 0, τ_neg otherwise."""
     ratios = torch.tensor([0.05, 0.3, 0.5, 0.8, 0.99, 1.0, 1.01, 1.2, 1.5, 2.0, 5.0], dtype=F64)
     for advantage, tau in ((2.0, tau_pos), (-0.5, tau_neg)):
         x = tau * (ratios - 1)
@@ -338,7 +338,7 @@ def test_dapo_micro_batches_give_the_whole_batch_gradient(split):
 
 
 def test_dapo_naive_micro_batch_token_means_differ_when_lengths_differ():
-    """The mistake DESIGN §4 warns about for eq. (102): each micro-batch normalised by its own tokens
+    """The classic mistake with eq. (102): each micro-batch normalised by its own tokens
     (num_active_tokens=None), then weighted by its share of responses as grpo.py does. This equals the
     whole batch only when every micro-batch has the same number of tokens."""
     def naive(lengths):
@@ -428,7 +428,7 @@ def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
 
 @pytest.mark.parametrize("max_new_tokens, buffer", [(8, 3), (20, 4), (5, 1)])
 def test_overlong_penalty_zero_linear_minus_one(max_new_tokens, buffer):
-    """Seed 001, DAPO item 4: no penalty up to L_max − L_cache tokens, then linear, −1 at L_max:
+    """DAPO's soft overlong punishment (DAPO paper §3.4): no penalty up to L_max − L_cache tokens, then linear, −1 at L_max:
     length L_max − L_cache + k gets −k/L_cache."""
     start = max_new_tokens - buffer
     lengths = torch.arange(0, max_new_tokens + 1, dtype=torch.float32)
@@ -445,7 +445,7 @@ def test_overlong_penalty_buffer_zero_is_off():
     assert torch.equal(dapo.overlong_penalty(lengths, 8, 0), torch.zeros(9))
 
 
-# ---------------------------------------------------------------- 11. the seed's worked numbers
+# ---------------------------------------------------------------- 11. worked numbers
 
 @pytest.mark.parametrize("name, kwargs, expected_loss", [
     ("grpo", dict(clip_eps=0.2), 8.0),
@@ -454,8 +454,8 @@ def test_overlong_penalty_buffer_zero_is_off():
     ("dr_grpo", dict(clip_eps=0.2, max_new_tokens=4), 8.0 / 4),  # eq. (100): one token out of T_max = 4
     ("gspo", dict(clip_eps_low=0.2, clip_eps_high=0.2), 8.0),
 ])
-def test_seed_ppo_clip_example(name, kwargs, expected_loss):
-    """Seed 002 §5.3: r = 0.5, Â = −10, ε = 0.2 → min(rÂ, clip(r, 0.8, 1.2)Â) = min(−5, −8) = −8, constant
+def test_worked_ppo_clip_example(name, kwargs, expected_loss):
+    """The worked clip example of common/EQUATIONS.md#sec-ppo-clip-example: r = 0.5, Â = −10, ε = 0.2 → min(rÂ, clip(r, 0.8, 1.2)Â) = min(−5, −8) = −8, constant
     in θ, so the gradient is 0. On one one-token response the loss is +8 (negated), ÷ T_max for Dr. GRPO."""
     logprobs = torch.log(torch.tensor([[0.5, 1.0, 1.0]], dtype=F64))  # one real token, two padding
     mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
@@ -465,8 +465,8 @@ def test_seed_ppo_clip_example(name, kwargs, expected_loss):
     assert torch.equal(grad, torch.zeros_like(grad))
 
 
-def test_seed_ppo_clip_example_in_ppo():
-    """The same worked example in ppo.py's policy_loss (seed 002 §5.3): loss 8, zero gradient."""
+def test_worked_ppo_clip_example_in_ppo():
+    """The same worked example in ppo.py's policy_loss (the same worked example): loss 8, zero gradient."""
     if not os.path.exists(os.path.join(ROOT, "ppo.py")):
         pytest.skip("ppo.py does not exist yet")
     import ppo
@@ -479,7 +479,7 @@ def test_seed_ppo_clip_example_in_ppo():
 
 @pytest.mark.parametrize("tau_pos, tau_neg", [(1.0, 1.05), (0.2, 5.0)])
 @pytest.mark.parametrize("advantage", [1.0, -1.0, 3.0, -0.25])
-def test_seed_sapo_gate_is_one_at_ratio_one(advantage, tau_pos, tau_neg):
+def test_sapo_gate_is_one_at_ratio_one(advantage, tau_pos, tau_neg):
     """Seed eq. (120) at r = 1: g = 4σ(0)(1 − σ(0)) = 1 for any τ, so on-policy SAPO has GRPO's gradient."""
     gate = sapo_gate(torch.ones(3, dtype=F64), advantage, tau_pos=tau_pos, tau_neg=tau_neg)
     close(gate, torch.ones(3, dtype=F64), tol=1e-12)
@@ -515,7 +515,7 @@ def edge_case_batch(dtype):
 @pytest.mark.parametrize("beta", [0.0, 0.5])
 @pytest.mark.parametrize("name", list(MODULES))
 def test_no_nan_on_edge_cases(name, beta, dtype):
-    """DESIGN §7: equal rewards in a group, an all-padding response, ratios of exp(±50) and a reference
+    """Numerical edge cases: equal rewards in a group, an all-padding response, ratios of exp(±50) and a reference
     far off (β > 0) give finite advantages, losses and gradients in every file, with its default hyperparameters;
     equal rewards give advantages exactly 0, and a batch that is all padding gives a finite loss too."""
     module = MODULES[name]

@@ -1,4 +1,4 @@
-"""grpo.py: advantages and loss against hand computations from the seed formulas (eq. 90-97),
+"""grpo.py: advantages and loss against hand computations from the formulas (eq. 90-97),
 the KL estimators, response masks, left-padded log-probs, argument checks, and CLI runs."""
 
 import math
@@ -54,7 +54,7 @@ def test_loss_matches_hand_computation():
 
 
 def test_seed_clip_example_min_minus5_minus8():
-    # Seed 002, §5.3: r = 0.5, Â = −10, ε = 0.2 → min(−5, −8) = −8, and the gradient is zero.
+    # The worked clip example (common/EQUATIONS.md#sec-ppo-clip-example): r = 0.5, Â = −10, ε = 0.2 → min(−5, −8) = −8, and the gradient is zero.
     logprobs = torch.log(torch.tensor([[0.5]])).requires_grad_()
     loss = grpo.policy_loss(logprobs, torch.zeros(1, 1), torch.tensor([-10.0]), torch.ones(1, 1), beta=0.0)
     torch.testing.assert_close(loss, torch.tensor(8.0))
@@ -161,7 +161,7 @@ def test_batched_greedy_generation_equals_alone(tiny):
 
 
 def test_base_model_has_headroom(tiny):
-    # The embedded model samples the right answer only part of the time (DESIGN §5): RL has room to improve.
+    # The embedded model samples the right answer only part of the time (common/make_tiny_model.py): RL has room to improve.
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
@@ -169,7 +169,7 @@ def test_base_model_has_headroom(tiny):
     assert 0.25 <= sampled <= 0.6 and greedy > sampled
 
 
-# ---------------------------------------------------------------- bad input (DESIGN §7), in-process
+# ---------------------------------------------------------------- bad input, in-process: one clear line each
 
 @pytest.mark.parametrize(
     "field, value, flag",
