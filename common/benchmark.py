@@ -68,6 +68,45 @@ GROUP = Family(
 )
 FAMILIES = (CLASSIC, GROUP)
 
+# The classic scripts' flags per environment (their defaults are CartPole-v1's), like rl-zoo's
+# hyperparameter files; --tuned adds them to each run. The README's table "Flags per environment"
+# shows the same strings and the results they gave.
+TUNED = {
+    "CartPole-v1": {"vpg": "", "a2c": "", "trpo": "", "ppo": ""},
+    "Acrobot-v1": {
+        "vpg": "--total-timesteps 200000",
+        "ppo": "--total-timesteps 200000",
+        "trpo": "--total-timesteps 200000",
+        "a2c": "--total-timesteps 200000",
+    },
+    "MountainCar-v0": {
+        "vpg": "--total-timesteps 300000 --num-envs 16 --num-steps 128 --gamma 0.99 --norm-obs --norm-reward",
+        "a2c": "--total-timesteps 300000 --num-envs 16 --num-steps 16 --gamma 0.99 --norm-obs --norm-reward",
+        "trpo": "--total-timesteps 300000 --num-envs 16 --num-steps 64 --gamma 0.99 --gae-lambda 0.98 "
+                "--norm-obs --norm-reward",
+        "ppo": "--total-timesteps 300000 --num-envs 16 --num-steps 16 --num-minibatches 4 --update-epochs 4 "
+               "--learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.98 --norm-obs --norm-reward",
+    },
+    "Pendulum-v1": {
+        "vpg": "--total-timesteps 300000 --num-envs 8 --num-steps 64 --learning-rate 3e-3 --gamma 0.9 --gae-lambda 0.9 "
+               "--norm-reward",
+        "a2c": "--total-timesteps 500000 --num-envs 16 --num-steps 8 --learning-rate 3e-3 --gamma 0.9 "
+               "--gae-lambda 0.9 --max-grad-norm 5 --norm-reward",
+        "trpo": "--total-timesteps 200000 --num-envs 8 --num-steps 256 --gamma 0.95 --gae-lambda 0.95 --norm-reward",
+        "ppo": "--total-timesteps 200000 --num-envs 8 --num-steps 256 --num-minibatches 8 --learning-rate 2e-3 "
+               "--gamma 0.95 --gae-lambda 0.95 --norm-reward",
+    },
+    "MountainCarContinuous-v0": {
+        "vpg": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --gamma 0.99 --norm-obs --norm-reward",
+        "a2c": "--total-timesteps 600000 --num-envs 16 --num-steps 32 --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 "
+               "--norm-obs --norm-reward",
+        "trpo": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --gamma 0.99 --gae-lambda 0.95 "
+                "--norm-obs --norm-reward",
+        "ppo": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --num-minibatches 8 --learning-rate 1e-3 "
+               "--gamma 0.99 --gae-lambda 0.95 --norm-obs --norm-reward",
+    },
+}
+
 
 def family_of(algo):
     for fam in FAMILIES:
@@ -186,6 +225,14 @@ def markdown(fam, label, threshold, results):
     return "\n".join(lines) + "\n"
 
 
+def tuned_args(algo, env_id):
+    """The flags TUNED gives this algorithm on this env, as a list; a clear error if there are none."""
+    if algo not in TUNED.get(env_id, {}):
+        raise SystemExit(f"error: --tuned: no flags for {algo} on {env_id} (they exist for: "
+                         + "; ".join(f"{env} {' '.join(algos)}" for env, algos in TUNED.items()) + ")")
+    return shlex.split(TUNED[env_id][algo])
+
+
 def run_one(algo, seed, env_id, extra, pin_core, keep):
     """Run one script in a fresh temporary directory; returns (scalars, launch_time, run_seconds)."""
     fam = family_of(algo)
@@ -283,6 +330,8 @@ def main(argv=None):
     p.add_argument("--out", default=None, help="also write the markdown tables to this file")
     p.add_argument("--plot", default=None, help="write learning curves to this .png (needs matplotlib)")
     p.add_argument("--keep", action="store_true", help="keep each run's temporary working directory")
+    p.add_argument("--tuned", action="store_true",
+                   help="add each classic script's flags for --env-id from TUNED before those after --")
     args = p.parse_args(argv)
 
     fams = {family_of(a).name: family_of(a) for a in args.algos}
@@ -292,6 +341,9 @@ def main(argv=None):
     missing = [a for a in args.algos if not os.path.exists(os.path.join(ROOT, f"{a}.py"))]
     if missing:
         raise SystemExit(f"error: --algos: no script {', '.join(m + '.py' for m in missing)} in {ROOT}")
+    if args.tuned and fam is not CLASSIC:
+        raise SystemExit("error: --tuned is for the classic scripts (vpg a2c trpo ppo)")
+    algo_extra = {a: (tuned_args(a, args.env_id) if args.tuned else []) + extra for a in args.algos}
     thresholds = args.threshold or [fam.default_thresholds.get(args.env_id, fam.fallback_threshold)]
     pin = None if args.no_pin else args.core
     if pin is not None and shutil.which("taskset") is None:
@@ -301,6 +353,8 @@ def main(argv=None):
         print(f"[benchmark] runs pinned to core {pin} (--core N to choose another, --no-pin for none)",
               file=sys.stderr, flush=True)
     label = args.env_id if fam is CLASSIC else "group methods"
+    if args.tuned:
+        label += " (tuned flags)"
     if extra:
         label += f" ({' '.join(extra)})"
 
@@ -309,13 +363,15 @@ def main(argv=None):
     for algo in args.algos:
         curves[algo] = []
         for seed in args.seeds:
-            scalars, launch, run_seconds = run_one(algo, seed, args.env_id, extra, pin, args.keep)
+            scalars, launch, run_seconds = run_one(algo, seed, args.env_id, algo_extra[algo], pin, args.keep)
             for threshold in thresholds:
                 row = summarise(fam, scalars, threshold, launch)
                 row["run_s"] = run_seconds
                 results[threshold].setdefault(algo, []).append((seed, row))
             curves[algo].append(curve(fam, scalars))
-    text = f"`{command}`\n\n" + "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
+    flags = "".join(f"- {a}: `{' '.join(algo_extra[a]) or '(defaults)'}`\n" for a in args.algos)
+    tables = "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
+    text = f"`{command}`\n\nFlags per script:\n{flags}\n{tables}"
     print(text)
     if args.out:
         with open(args.out, "w") as f:

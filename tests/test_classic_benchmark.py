@@ -99,3 +99,31 @@ def test_plot_median_and_band(tmp_path):
     curves = {"ppo": [([0, 100, 200], [1.0, 2.0, 3.0]), ([0, 150, 250], [1.5, 2.5, 2.0])], "a2c": [([], [])]}
     B.plot(str(tmp_path / "curves.png"), B.CLASSIC, "CartPole-v1", [2.5], curves)
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_tuned_flags_parse_and_pass_every_check():
+    # every string of the per-env table is valid input for its script (a typo would fail only at run time)
+    import importlib
+    import shlex
+
+    import tyro
+
+    for env_id, per_algo in B.TUNED.items():
+        for algo, flags in per_algo.items():
+            mod = importlib.import_module(algo)
+            args = tyro.cli(mod.Args, args=["--env-id", env_id] + shlex.split(flags))
+            mod.check_args(args)
+            assert B.tuned_args(algo, env_id) == shlex.split(flags)
+    with pytest.raises(SystemExit, match="--tuned: no flags for vpg on NoSuchEnv-v0"):
+        B.tuned_args("vpg", "NoSuchEnv-v0")
+
+
+def test_readme_table_shows_the_tuned_flags():
+    import os
+
+    readme = open(os.path.join(B.ROOT, "README.md")).read()
+    table = readme.split("### Flags per environment", 1)[1]
+    for env_id, per_algo in B.TUNED.items():
+        for algo, flags in per_algo.items():
+            if flags:
+                assert f"`{flags}`" in table, f"README: flags of {algo} on {env_id} missing or different"
