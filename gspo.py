@@ -701,6 +701,7 @@ if __name__ == "__main__":
             "perf/generate_seconds": generate_seconds,
             "perf/logprob_seconds": logprob_seconds,
             "perf/update_seconds": update_seconds,
+            **({"perf/peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30} if device.type == "cuda" else {}),
         }
         logged = {tag: global_mean(value) for tag, value in logged.items()}
         if not is_main:

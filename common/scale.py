@@ -1,0 +1,155 @@
+"""Scale benchmark: a group script on a randomly initialised model of a real configuration.
+
+    python -m common.scale                                              # GPT-2 124M, the four variants, on CPU
+    python -m common.scale --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
+    python -m common.scale --configs qwen2.5-0.5b qwen2.5-1.5b --variants full lora   # on a GPU box
+
+No weights are downloaded: the model is built from its configuration (the real layer count, widths,
+heads and vocabulary) with random weights, next to a small BPE tokenizer, and saved to a temporary
+folder; its cost per iteration is that of the real model (random weights only change what is said).
+Each variant runs `python <script> --model <folder> ...` as a subprocess, like common/benchmark.py, and
+reads back its TensorBoard log:
+
+    seconds per iteration, split generation / log-probs (policy + reference) / update,
+    generated tokens per second, and peak memory: the process's peak RSS on CPU, or
+    torch.cuda.max_memory_allocated on a GPU (logged by the script as perf/peak_gpu_memory_gb).
+
+Variants: full (full fine-tuning, β = 0.04: a frozen reference copy), lora (--lora-rank 16: the
+reference is the same model with adapters off), and either with +gc (--gradient-checkpointing).
+The first iteration warms caches up; the figures are medians over the iterations after it.
+"""
+
+import argparse
+import glob
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# The real configurations (from their config.json on the hub), with which AutoConfig.for_model builds them.
+CONFIGS = {
+    "gpt2-tiny": ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=256, vocab_size=1000)),  # for a quick try
+    "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)),
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                                   tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-1.5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
+                                   tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)),
+}
+VARIANTS = {
+    "full": [],
+    "lora": ["--lora-rank", "16"],
+    "full+gc": ["--gradient-checkpointing"],
+    "lora+gc": ["--lora-rank", "16", "--gradient-checkpointing"],
+}
+
+
+def build_model(name: str, folder: str) -> None:
+    """Random weights in the real configuration, and a BPE tokenizer of a few strings (its ids are a small
+    part of the vocabulary; sampling may pick any id of the model's vocabulary, which decodes to nothing)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, trainers
+    from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    model_type, fields = CONFIGS[name]
+    texts = [f"{a}+{b}={a + b}" for a in range(100) for b in range(0, 100, 7)]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.decoder = decoders.Fuse()
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<|endoftext|>"]))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", unk_token="<unk>")
+    config = AutoConfig.for_model(model_type, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **fields)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
+
+
+def scalars(run_dir: str) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
+
+
+def run_variant(script: str, folder: str, variant: str, args) -> dict:
+    """One subprocess; its peak RSS comes back through a tiny wrapper process that waits for it alone."""
+    flags = ["--model", folder, "--num-iterations", str(args.iterations), "--prompts-per-iteration", str(args.prompts),
+             "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-size", "1",
+             "--eval-every", str(args.iterations + 1), "--micro-batch-size", str(args.micro_batch_size),
+             "--num-minibatches", "1", "--learning-rate", "1e-6", *VARIANTS[variant], *args.extra]
+    command = [sys.executable, os.path.join(ROOT, script), *flags]
+    if args.core is not None:
+        command = ["taskset", "-c", str(args.core), *command]
+    wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+               "print('peak_rss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+    with tempfile.TemporaryDirectory() as cwd:
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        result = subprocess.run([sys.executable, "-c", wrapper, *command], cwd=cwd, env=env, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise SystemExit(f"error: {variant} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
+        (run_dir,) = glob.glob(os.path.join(cwd, "runs", "*"))
+        values = scalars(run_dir)
+    peak_rss_gb = int(result.stdout.split("peak_rss_kb")[1].split()[0]) / 2**20
+    steady = slice(1, None) if args.iterations > 1 else slice(0, None)  # the first iteration warms up
+
+    def median(tag):
+        return statistics.median(values[tag][steady]) if tag in values else float("nan")
+
+    gpu = values.get("perf/peak_gpu_memory_gb", [0.0])
+    return dict(
+        generate=median("perf/generate_seconds"),
+        logprobs=median("perf/logprob_seconds"),
+        update=median("perf/update_seconds"),
+        tokens_per_second=median("charts/tokens_per_second"),
+        memory=f"{max(gpu):.1f} GB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GB RSS",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", nargs="+", default=["gpt2-124m"], choices=list(CONFIGS), help="default: gpt2-124m")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="default: all four")
+    parser.add_argument("--script", default="grpo.py", help="the group script to run (default: grpo.py)")
+    parser.add_argument("--iterations", type=int, default=3, help="iterations per run; the first is warm-up (default: 3)")
+    parser.add_argument("--prompts", type=int, default=8, help="B, prompts per iteration (default: 8)")
+    parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default: 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length; random weights rarely stop (default: 64)")
+    parser.add_argument("--micro-batch-size", type=int, default=16, help="responses per forward/backward pass (default: 16)")
+    parser.add_argument("--core", type=int, default=None, help="pin each run to this CPU core with taskset (default: no pinning)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
+    parser.add_argument("extra", nargs="*", help="flags passed on to the script, after --")
+    args = parser.parse_args()
+    if args.iterations < 1 or args.prompts < 1 or args.group_size < 2 or args.max_new_tokens < 1:
+        raise SystemExit("error: --iterations, --prompts and --max-new-tokens must be >= 1, --group-size >= 2")
+    if (args.prompts * args.group_size) % args.micro_batch_size:
+        raise SystemExit(f"error: --micro-batch-size must divide --prompts × --group-size = {args.prompts * args.group_size}")
+
+    rows = []
+    for name in args.configs:
+        with tempfile.TemporaryDirectory() as folder:
+            build_model(name, folder)
+            for variant in args.variants:
+                start = time.time()
+                row = run_variant(args.script, folder, variant, args)
+                print(f"  {variant}: {row} ({time.time() - start:.0f} s)", flush=True)
+                rows.append((name, variant, row))
+    batch = f"B = {args.prompts} × G = {args.group_size}, {args.max_new_tokens} new tokens, micro-batch {args.micro_batch_size}"
+    print(f"\n{args.script}, {batch}, {args.threads} thread(s); medians over iterations 2..{args.iterations}\n")
+    print("| model | variant | generation s | log-probs s | update s | s / iteration | tokens/s | peak memory |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, variant, row in rows:
+        total = row["generate"] + row["logprobs"] + row["update"]
+        print(f"| {name} | {variant} | {row['generate']:.2f} | {row['logprobs']:.2f} | {row['update']:.2f} | {total:.2f} | "
+              f"{row['tokens_per_second']:.0f} | {row['memory']} |")
+
+
+if __name__ == "__main__":
+    main()
