@@ -53,8 +53,8 @@ from common.benchmark import read_scalars  # noqa: E402  (standard library + ten
 
 VARIANTS = ("grpo", "trl", "trl-hook")
 OPTIONAL = ("trl", "datasets", "accelerate")  # imported only by the TRL side
-INSTALL = "pip install trl==1.16.0 datasets accelerate"
-TRL_TESTED = "1.16.0"  # the version the settings below were read from
+TRL_TESTED = "1.16.0"  # the version whose defaults and internals this file was written against
+INSTALL = f"pip install trl=={TRL_TESTED} datasets accelerate"
 
 DIFFERENCES = [
     "Advantage scale: TRL divides by the sample standard deviation (Bessel, n − 1) plus 1e-4 outside the root; "
@@ -71,6 +71,12 @@ DIFFERENCES = [
     "Entropy: TRL computes the per-token entropy in every loss pass (for its logs); grpo.py only in the old "
     "log-prob pass. A cost, not a change of the update.",
 ]
+
+
+def trl_version() -> str:
+    from importlib.metadata import version
+
+    return version("trl")
 
 
 def require_optional() -> None:
@@ -195,7 +201,6 @@ def settings(g, config, default) -> list[tuple[str, str, str, str]]:
 
 def settings_markdown(g) -> str:
     """The side-by-side table of both resolved configurations (builds two GRPOConfigs; imports trl)."""
-    import trl
     from trl import GRPOConfig
 
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
@@ -203,7 +208,7 @@ def settings_markdown(g) -> str:
         config = trl_config(g, tmp)
         default = GRPOConfig(output_dir=tmp, use_cpu=True)
     rows = settings(g, config, default)
-    lines = [f"Settings (TRL {trl.__version__}):", "", "| setting | grpo.py | TRL as configured | TRL default |",
+    lines = [f"Settings (TRL {trl_version()}):", "", "| setting | grpo.py | TRL as configured | TRL default |",
              "|---|---|---|---|"]
     lines += [f"| {name} | {ours} | {theirs} | {default_value} |" for name, ours, theirs, default_value in rows]
     return "\n".join(lines) + "\n"
@@ -491,7 +496,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     checks = [
         (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
-        (0 < args.threshold <= 1, f"--threshold must be a held-out accuracy in (0, 1], got {args.threshold}"),
+        (0 < args.threshold <= 1, f"--threshold must be a held-out accuracy in (0, 1], got {args.threshold:g}"),
         (args.core >= 0, f"--core must be >= 0, got {args.core}"),
         (len(set(args.seeds)) == len(args.seeds), f"--seeds must not repeat a seed, got {' '.join(map(str, args.seeds))}"),
         (len(set(args.variants)) == len(args.variants), f"--variants must not repeat, got {' '.join(args.variants)}"),
@@ -511,6 +516,9 @@ def main(argv=None):
     require_optional()  # before any run: the TRL side would fail later, and the settings need trl now
     import grpo
 
+    if trl_version() != TRL_TESTED:
+        print(f"warning: TRL {trl_version()} is not the {TRL_TESTED} this tool was written against: its defaults, and the "
+              "log-prob function the gap measurement calls, may have moved", file=sys.stderr)
     g = grpo.Args(num_iterations=args.num_iterations)
     setting_text = settings_markdown(g)
     print(setting_text, flush=True)
@@ -534,10 +542,8 @@ def main(argv=None):
                       f"iterations to {args.threshold:g}: {fmt(row, 'x_to', '{:.0f}')}, final {row['final']:.3f}",
                       file=sys.stderr, flush=True)
 
-    import trl
-
     cmd = shlex.join(["python", "-m", "common.compare_trl"] + argv)
-    text = (f"`{cmd}`\n\nTRL {trl.__version__}, one core per run (taskset, OMP_NUM_THREADS=1), seeds "
+    text = (f"`{cmd}`\n\nTRL {trl_version()}, one core per run (taskset, OMP_NUM_THREADS=1), seeds "
             f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on 200 test prompts, sampled at temperature 1; "
             f"'training seconds' count from the end of the iteration-0 evaluation; 'start-up' from process launch to it.\n\n"
             + markdown(results, args.threshold)
