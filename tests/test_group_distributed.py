@@ -75,3 +75,5 @@ def test_torchrun_two_processes_end_to_end(module, torchrun):
     for iteration in (1, 2):  # one console line per iteration, not one per process
         assert stdout.count(f"iteration    {iteration}/2") == 1, stdout
     assert "on 2 × cpu, 32 responses per iteration" in stdout
+    checksums = [float((out / module.__name__ / f"weights_rank{rank}.txt").read_text()) for rank in (0, 1)]
+    assert checksums[0] == pytest.approx(checksums[1], rel=1e-12, abs=0), "the two processes' models drifted apart"

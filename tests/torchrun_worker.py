@@ -2,7 +2,8 @@
 1. every group file takes one optimiser step on this process's half of a fixed batch, DDP-wrapped, with and
    without micro-batches; process 0 saves the parameters for the test to compare with the one-process step;
 2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
-   folder), as `torchrun --nproc_per_node 2 grpo.py ...` would. Not a test file itself."""
+   folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
+   weights, which must agree (the processes sample different responses; DDP keeps one model). Not a test file."""
 
 import importlib
 import os
@@ -45,5 +46,8 @@ if __name__ == "__main__":
             print(f"=== {name}.py", flush=True)
         sys.argv = [f"{name}.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8",
                     "--micro-batch-size", "4"]
-        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        trained = runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")["model"]
+        checksum = sum(p.double().square().sum().item() for p in trained.parameters())  # DDP keeps the copies equal
+        with open(os.path.join(out, name, f"weights_rank{rank}.txt"), "w") as f:
+            f.write(repr(checksum))
         sys.stdout.flush()
