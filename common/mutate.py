@@ -1,0 +1,592 @@
+"""Mutation testing of the nine algorithm files: break the math on purpose, one place at a time, and check
+that the test suite notices.
+
+    python -m common.mutate                          # every file: about an hour on 2 cores
+    python -m common.mutate --files dapo.py trpo.py  # some files
+    python -m common.mutate --list                   # the mutants, without running anything
+    python -m common.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
+
+Each mutant is one small edit of one algorithm file. The tree is copied once per worker to a temporary
+folder; for each mutant the worker writes the edited file there, runs pytest -x -q on the test files of that
+algorithm file, and puts the original back. A mutant is *killed* when a test fails (or the edited file no
+longer imports), *survived* when every test passes, *timeout* when the tests run past the limit. Not part of
+CI (too slow); the README's testing section gives the command.
+
+What is mutated (REGIONS below): only the code that carries math and normalisation. In the group files:
+the advantages, the KL estimator, the loss and its aggregation, log-probs at the temperature, the response
+mask, scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and
+skipped steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the
+classic files: compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and
+the main loop from the rollout storage to the optimiser steps. Not mutated: argument checks, loading,
+generation, logging and what only feeds it (clip fractions, the lines under `with torch.no_grad()` that fill
+`stats`), printing and saving; each has its own tests, and a mutant there tells nothing about the math.
+
+The mutants come from two sources:
+1. Rules applied to every node of a region's syntax tree: + ↔ −, * ↔ /, < ↔ <=, > ↔ >=, == ↔ !=,
+   and ↔ or, min ↔ max, mean ↔ sum, clamp(min=) ↔ clamp(max=), a unary minus, ~ or `not` dropped,
+   a numeric constant changed (0 → 1, 1 → 0 and 2, c → 0 and 2c), a name replaced by another of its kind
+   (clip_eps_low ↔ clip_eps_high, logprobs ↔ old_logprobs ↔ ref_logprobs, model ↔ ref_model, ...),
+   a keyword argument dropped (the callee's default then applies), and a statement deleted (an update
+   `x = x - ...`, an augmented assignment, a call statement, an `if`, `break`, `continue`).
+2. SEMANTIC: hand-written mutants of the kinds of breakage a review found passing (the wrong KL sign,
+   direction or aggregation, micro-batch weights, DAPO's normaliser per micro-batch, filler groups in the
+   loss, overlong filtering without effect, log-probs without the temperature, π_ref = π_θ, TRPO's line
+   search without one of its tests, the step scale without its factor 2, the clipped action stored).
+
+A surviving mutant is a missing test, unless it is equivalent (the program computes the same thing) or
+harmless: EQUIVALENT lists those, with the reason, and the report marks them.
+"""
+
+import argparse
+import ast
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GROUP = ["grpo.py", "dr_grpo.py", "dapo.py", "gspo.py", "sapo.py"]
+CLASSIC = ["vpg.py", "a2c.py", "trpo.py", "ppo.py"]
+
+# ---------------------------------------------------------------- what is mutated, and which tests run
+
+# A region is a function (by name, nested ones too) or, in the main block, the lines from the first line that
+# contains `start` up to the line before the next one that contains `end`. `skip` ranges inside are left alone.
+GROUP_FUNCTIONS = ["compute_advantages", "kl_penalty", "masked_mean_per_response", "policy_loss", "response_logits",
+                   "token_logprobs", "response_mask", "score_responses", "update_policy", "reference_model",
+                   "reference_scoring"]
+GROUP_SKIP = [("                with torch.no_grad():", 'stats["grad_norm"]')]  # logging: clip fraction, kl_ref, gate
+CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
+CLASSIC_BLOCKS = [("# 1. Sampling", 'if "episode" in infos'), ("# 2. ", "sps = ")]
+CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip fraction is only logged
+REGIONS = {
+    **{f: dict(functions=GROUP_FUNCTIONS, blocks=[("# 4. Rewards", "# Log-probs of the sampled tokens")],
+               skip=GROUP_SKIP) for f in GROUP},
+    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_signal", "fill_batch"],
+                    blocks=[("# Dynamic sampling:", "logprob_start = ")], skip=GROUP_SKIP),
+    **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
+}
+
+# pytest arguments per file: the fast tests that can see a change of that file (no learning runs, no
+# torchrun launch; the smoke runs of the CLI stay for the files whose main loop is mutated).
+GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "tests/test_grpo.py",
+               "tests/test_group_distributed.py", "-k",
+               "not learns and not smoke and not real_model_code_path and not headroom and not two_processes and not torchrun"]
+TESTS = {
+    **{f: GROUP_TESTS for f in GROUP},
+    **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
+           "-k", "not smoke and not learns and not bad_argument and not unsupported_space"] for f in CLASSIC},
+}
+
+# Names that can stand in for one another: a mutant replaces one by another of its set.
+SAME_KIND = [
+    {"clip_eps_low", "clip_eps_high"}, {"tau_pos", "tau_neg"}, {"logprobs", "old_logprobs", "ref_logprobs"},
+    {"model", "ref_model"}, {"mask", "loss_mask"}, {"rewards", "accuracies"}, {"max_new_tokens", "overlong_buffer"},
+    {"batch_size", "minibatch_size", "micro_batch_size"}, {"gamma", "gae_lambda"}, {"dist", "old_dist"},
+    {"surr", "surr_old"}, {"action", "env_action"}, {"obs", "next_obs"}, {"values", "returns"},
+    {"b_advantages", "b_returns"}, {"terminations", "truncations"}, {"max_kl", "cg_damping"},
+]
+SWAPS = {"min": "max", "max": "min", "mean": "sum", "sum": "mean", "amin": "amax", "amax": "amin"}
+BINOPS = {ast.Add: ("+", "-"), ast.Sub: ("-", "+"), ast.Mult: ("*", "/"), ast.Div: ("/", "*"), ast.Pow: ("**", "*")}
+CMPOPS = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="), ast.GtE: (">=", ">"),
+          ast.Eq: ("==", "!="), ast.NotEq: ("!=", "==")}
+
+# Hand-written mutants: (file, exact text, replacement, what it breaks). The text must occur exactly once.
+LOSS_KL_GROUP = "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator)"
+SEMANTIC = [
+    *[(f, LOSS_KL_GROUP, LOSS_KL_GROUP.replace("- beta", "+ beta"), "KL term with the wrong sign")
+      for f in ("grpo.py", "dr_grpo.py", "dapo.py", "sapo.py")],
+    *[(f, LOSS_KL_GROUP, LOSS_KL_GROUP.replace("(logprobs, ref_logprobs", "(ref_logprobs, logprobs"),
+       "KL in the wrong direction: KL(π_ref ‖ π_θ)") for f in ("grpo.py", "dr_grpo.py", "dapo.py", "sapo.py")],
+    ("dr_grpo.py", LOSS_KL_GROUP,
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * max_new_tokens / mask.sum(1, keepdim=True).clamp(min=1)",
+     "KL averaged per response (GRPO's aggregation) instead of summed / T_max"),
+    ("dapo.py", LOSS_KL_GROUP,
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum() / mask.shape[0] / mask.sum(1, keepdim=True).clamp(min=1)",
+     "KL averaged per response (GRPO's aggregation) instead of over all tokens"),
+    ("grpo.py", LOSS_KL_GROUP,
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True) * mask.shape[0] / mask.sum().clamp(min=1)",
+     "KL averaged over the batch's tokens (DAPO's aggregation) instead of per response"),
+    ("sapo.py", LOSS_KL_GROUP,
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True) * mask.shape[0] / mask.sum().clamp(min=1)",
+     "KL averaged over the batch's tokens instead of per response"),
+    ("gspo.py", "per_response = per_response - beta * kl", "per_response = per_response + beta * kl", "KL term with the wrong sign"),
+    ("gspo.py", "kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)", "kl_penalty(ref_logprobs, logprobs, kl_estimator), mask)",
+     "KL in the wrong direction"),
+    ("gspo.py", "kl = masked_mean_per_response(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)",
+     "kl = (kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask).sum(1)", "KL summed over tokens instead of averaged"),
+    *[(f, "(loss * len(inds) / minibatch_size).backward()", "loss.backward()",
+       "micro-batch losses not weighted by their share (over-weighted)") for f in GROUP if f != "dapo.py"],
+    *[(f, "(loss * len(inds) / minibatch_size).backward()", "(loss / minibatch_size).backward()",
+       "micro-batch weight 1/minibatch instead of len/minibatch") for f in GROUP if f != "dapo.py"],
+    ("dapo.py", "                        num_active_tokens=num_active_tokens,\n", "",
+     "DAPO's normaliser per micro-batch instead of the whole step"),
+    ("dapo.py", "loss.backward()", "(loss * len(inds) / minibatch_size).backward()", "DAPO's micro-batches weighted like GRPO's"),
+    ("dapo.py", "            if num_active_tokens == 0:\n                continue\n", "", "a filler-only minibatch still steps"),
+    ("dapo.py", "loss_mask = mask * signal.unsqueeze(1)", "loss_mask = mask", "zero-signal filler groups enter the loss"),
+    ("dapo.py", "loss_mask = loss_mask * (~truncated).unsqueeze(1)", "loss_mask = loss_mask",
+     "--overlong-filtering without effect"),
+    ("dapo.py", "signal = has_signal(accuracies, args.group_size)", "signal = has_signal(rewards, args.group_size)",
+     "dynamic sampling filters on the shaped reward, not on accuracy"),
+    *[(f, "return logits.float() / temperature", "return logits.float()", "log-probs ignore --temperature") for f in GROUP],
+    *[(f, "logits = response_logits(ref_model, sequences[rows]", "logits = response_logits(model, sequences[rows]",
+       "reference log-probs taken from the current policy") for f in GROUP],
+    *[(f, "return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()",
+       "return contextlib.nullcontext()", "LoRA: reference log-probs with the adapters on (= π_θ)") for f in GROUP],
+    ("trpo.py", "if surr >= surr_old and approx_kl <= args.max_kl:", "if surr >= surr_old:", "line search without its KL test"),
+    ("trpo.py", "if surr >= surr_old and approx_kl <= args.max_kl:", "if approx_kl <= args.max_kl:",
+     "line search without its improvement test"),
+    ("trpo.py", "torch.sqrt(2 * args.max_kl", "torch.sqrt(args.max_kl", "step scale without its factor 2"),
+]
+SEMANTIC += [
+    (f, "            env_action = action.numpy()\n            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
+        "                env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)\n",
+     "            env_action = action.numpy()\n            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
+     "                env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)\n"
+     "                actions[step] = torch.as_tensor(env_action, dtype=torch.float32)\n",
+     "the clipped action stored instead of the sampled one") for f in CLASSIC
+]
+
+# Surviving mutants that are equivalent or harmless: (file, text of the mutated line, mutation) -> why.
+EQUIVALENT: dict[tuple[str, str, str], str] = {}
+
+
+# ---------------------------------------------------------------- generating mutants
+
+@dataclass
+class Mutant:
+    file: str
+    line: int  # 1-based line of the original file
+    description: str
+    source: str  # the whole mutated file
+    original_line: str = ""
+    id: str = ""
+
+
+def line_offsets(data: bytes) -> list[int]:
+    """Byte offset of the start of each line (index 1-based via offsets[lineno - 1]); ast columns are bytes."""
+    offsets, position = [], 0
+    for line in data.splitlines(keepends=True):
+        offsets.append(position)
+        position += len(line)
+    offsets.append(position)
+    return offsets
+
+
+class Source:
+    def __init__(self, text: str):
+        self.text, self.data = text, text.encode()
+        self.offsets = line_offsets(self.data)
+        self.lines = text.splitlines()
+
+    def span(self, node) -> tuple[int, int]:
+        return self.offsets[node.lineno - 1] + node.col_offset, self.offsets[node.end_lineno - 1] + node.end_col_offset
+
+    def segment(self, start: int, end: int) -> str:
+        return self.data[start:end].decode()
+
+    def replace(self, start: int, end: int, new: str) -> str:
+        return (self.data[:start] + new.encode() + self.data[end:]).decode()
+
+
+def region_lines(tree: ast.Module, src: Source, file: str, all_copies: bool) -> dict[int, set[str]]:
+    """The lines to mutate, each with the names its region uses (a name is only replaced by one of those)."""
+    spec, reference = REGIONS[file], reference_of(file)
+    ref_src = Source(open(os.path.join(ROOT, reference), encoding="utf-8").read()) if reference else None
+    ref_functions = functions_of(ast.parse(ref_src.text)) if reference else {}
+    regions = []
+    for name, node in functions_of(tree).items():
+        if name not in spec["functions"]:
+            continue
+        first = node.body[1 if is_docstring(node.body[0]) and len(node.body) > 1 else 0].lineno
+        region = set(range(first, node.end_lineno + 1))
+        if not all_copies and name in ref_functions:  # lines shared with the reference file's copy: mutated there
+            ref = ref_functions[name]
+            region -= shared_lines(src, region, ref_src, set(range(ref.lineno, ref.end_lineno + 1)))
+        regions.append(region)
+    for start, end in spec["blocks"]:
+        block = anchored(src, start, end)
+        if not all_copies and reference:
+            block -= shared_lines(src, block, ref_src, anchored(ref_src, start, end))
+        regions.append(block)
+    skipped = set().union(*(anchored(src, start, end, every=True) for start, end in spec.get("skip", [])))
+    lines: dict[int, set[str]] = {}
+    for region in regions:
+        names = {identifier(n) for n in ast.walk(tree) if getattr(n, "lineno", 0) in region} - {None}
+        for line in region - skipped:
+            lines[line] = names
+    return lines
+
+
+def reference_of(file: str) -> Optional[str]:
+    """grpo.py for the group files, ppo.py for the classic ones; none for those two themselves."""
+    reference = "grpo.py" if file in GROUP else "ppo.py"
+    return None if file == reference else reference
+
+
+def functions_of(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {node.name: node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+
+
+def shared_lines(src: Source, lines: set[int], ref_src: Source, ref_lines: set[int]) -> set[int]:
+    """The lines whose code (comments aside) also stands in the reference's region."""
+    def code(source, i):
+        return re.sub(r"\s*#.*$", "", source.lines[i - 1]).strip()
+
+    reference = {code(ref_src, i) for i in ref_lines}
+    return {i for i in lines if code(src, i) in reference}
+
+
+def identifier(node) -> Optional[str]:
+    return node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+
+
+def anchored(src: Source, start: str, end: str, every: bool = False) -> set[int]:
+    """Lines from each line containing `start` (the first only, unless every) to before the next containing `end`."""
+    lines: set[int] = set()
+    for i, line in enumerate(src.lines):
+        if start in line:
+            j = next((k for k in range(i + 1, len(src.lines)) if end in src.lines[k]), len(src.lines))
+            lines |= set(range(i + 1, j + 1))
+            if not every:
+                break
+    return lines
+
+
+def is_docstring(node) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def gap_swap(src: Source, left, right, old: str, new: str) -> Optional[str]:
+    """Replace the operator `old` that sits between two nodes (only parentheses and spaces around it)."""
+    start, end = src.span(left)[1], src.span(right)[0]
+    gap = src.segment(start, end)
+    if gap.strip("() \n\\") != old:
+        return None
+    return src.replace(start, end, gap.replace(old, new, 1))
+
+
+def names_read(node) -> set[str]:
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | {
+        n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def targets_of(stmt) -> set[str]:
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+    return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+
+
+def rule_mutants(src: Source, node, parents: dict, scope: set[str], local: set[str]) -> list[tuple[str, str]]:
+    """(description, mutated source) for every rule that applies to this node."""
+    out = []
+    if isinstance(node, ast.BinOp) and type(node.op) in BINOPS:
+        old, new = BINOPS[type(node.op)]
+        mutated = gap_swap(src, node.left, node.right, old, new)
+        if mutated:
+            out.append((f"{old} → {new}", mutated))
+    elif isinstance(node, ast.Compare):
+        operands = [node.left, *node.comparators]
+        for i, op in enumerate(node.ops):
+            if type(op) in CMPOPS:
+                old, new = CMPOPS[type(op)]
+                mutated = gap_swap(src, operands[i], operands[i + 1], old, new)
+                if mutated:
+                    out.append((f"{old} → {new}", mutated))
+    elif isinstance(node, ast.BoolOp):
+        old, new = ("and", "or") if isinstance(node.op, ast.And) else ("or", "and")
+        for left, right in zip(node.values, node.values[1:]):
+            mutated = gap_swap(src, left, right, old, new)
+            if mutated:
+                out.append((f"{old} → {new}", mutated))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.Invert, ast.Not)) \
+            and not isinstance(node.operand, ast.Constant):
+        operand_start = src.span(node.operand)[0]
+        start, end = src.span(node)
+        prefix = src.segment(start, operand_start)
+        if prefix.strip("( ") in ("-", "~", "not"):
+            out.append((f"drop the unary {prefix.strip('( ')}", src.replace(start, end, prefix.replace(prefix.strip("( "), "", 1).lstrip()
+                                                                             + src.segment(operand_start, end))))
+    elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(parents.get(node), ast.UnaryOp) \
+            and not is_shape_argument(node, parents):
+        value = node.value
+        for new in ([1] if value == 0 else [0, 2] if value == 1 else [0, value * 2]):
+            new = type(value)(new)
+            out.append((f"{value!r} → {new!r}", src.replace(*src.span(node), repr(new))))
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant) \
+            and type(node.operand.value) in (int, float) and not is_shape_argument(node, parents):
+        value = -node.operand.value
+        for new in [0, value * 2]:
+            out.append((f"{value!r} → {type(value)(new)!r}", src.replace(*src.span(node), repr(type(value)(new)))))
+    if isinstance(node, ast.Attribute) and node.attr in SWAPS and isinstance(parents.get(node), ast.Call) \
+            and parents[node].func is node:
+        start, end = src.span(node)
+        out.append((f".{node.attr} → .{SWAPS[node.attr]}", src.replace(end - len(node.attr), end, SWAPS[node.attr])))
+    if isinstance(node, ast.Name) and node.id in ("min", "max") and isinstance(parents.get(node), ast.Call):
+        out.append((f"{node.id} → {SWAPS[node.id]}", src.replace(*src.span(node), SWAPS[node.id])))
+    if isinstance(node, ast.keyword) and node.arg in ("min", "max") and node.lineno:
+        start, _ = src.span(node)
+        out.append((f"{node.arg}= → {SWAPS[node.arg]}=", src.replace(start, start + len(node.arg), SWAPS[node.arg])))
+    # a name (or attribute) replaced by another of its kind, where it is read
+    name = identifier(node)
+    if name and isinstance(node.ctx, ast.Load):
+        for group in SAME_KIND:
+            if name in group:
+                start, end = src.span(node)
+                for other in sorted(group & scope - {name}):
+                    out.append((f"{name} → {other}", src.replace(end - len(name), end, other)))
+    # a keyword argument of a function of this file or of clamp dropped: the default applies
+    call = parents.get(node)
+    if isinstance(node, ast.keyword) and node.arg and isinstance(call, ast.Call) and identifier(call.func) in local | {"clamp"}:
+        kept = [kw for kw in call.keywords if kw is not node]
+        out.append((f"drop {node.arg}=", src.replace(*src.span(call), ast.unparse(ast.Call(call.func, call.args, kept)))))
+    # a statement deleted
+    if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+        if isinstance(node, ast.AugAssign) or targets_of(node) & names_read(node.value):
+            out.append(("delete the statement", src.replace(*src.span(node), "pass")))
+        if isinstance(node, ast.AugAssign) and type(node.op) in (ast.Add, ast.Sub):
+            old, new = ("+=", "-=") if isinstance(node.op, ast.Add) else ("-=", "+=")
+            mutated = gap_swap(src, node.target, node.value, old, new)
+            if mutated:
+                out.append((f"{old} → {new}", mutated))
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        out.append(("delete the statement", src.replace(*src.span(node), "pass")))
+    elif isinstance(node, (ast.Break, ast.Continue, ast.If)):
+        out.append((f"delete the {type(node).__name__.lower()}", src.replace(*src.span(node), "pass")))
+    return out
+
+
+SHAPE_METHODS = {"view", "reshape", "unsqueeze", "squeeze", "cumsum", "gather", "logsumexp", "softmax", "log_softmax",
+                 "repeat_interleave", "cat", "stack", "split", "argmax", "any", "all", "isin", "expand"}
+
+
+def is_shape_argument(node, parents) -> bool:
+    """A dimension or view argument (dim=1, .view(-1), .unsqueeze(1)): a wrong one is a shape error, seen by every test."""
+    parent = parents.get(node)
+    if isinstance(parent, ast.keyword):
+        return parent.arg in ("dim", "keepdim")
+    return isinstance(parent, ast.Call) and identifier(parent.func) in SHAPE_METHODS
+
+
+def mutants_for(file: str, all_copies: bool = False) -> list[Mutant]:
+    text = open(os.path.join(ROOT, file), encoding="utf-8").read()
+    src, tree = Source(text), ast.parse(text)
+    lines = region_lines(tree, src, file, all_copies)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    local = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
+    found, seen = [], {text}
+    for node in ast.walk(tree):
+        if not hasattr(node, "lineno") or node.lineno not in lines or in_docstring(node, parents):
+            continue
+        for description, mutated in rule_mutants(src, node, parents, lines[node.lineno], local):
+            if mutated in seen:
+                continue
+            seen.add(mutated)
+            found.append(Mutant(file, node.lineno, description, mutated))
+    for target, old, new, description in SEMANTIC:
+        if target != file or not description:
+            continue
+        count = text.count(old)
+        if count != 1:
+            print(f"warning: {file}: semantic mutant {description!r} does not apply ({count} matches of its text)",
+                  file=sys.stderr)
+            continue
+        found.append(Mutant(file, text[: text.index(old)].count("\n") + 1, f"[semantic] {description}", text.replace(old, new)))
+    valid = []
+    for mutant in sorted(found, key=lambda m: (m.line, m.description)):
+        try:
+            ast.parse(mutant.source)
+        except SyntaxError:
+            continue
+        mutant.original_line = src.lines[mutant.line - 1].strip()
+        mutant.id = f"{file}:{len(valid) + 1}"
+        valid.append(mutant)
+    return valid
+
+
+def in_docstring(node, parents) -> bool:
+    while node in parents:
+        if is_docstring(node):
+            return True
+        node = parents[node]
+    return False
+
+
+# ---------------------------------------------------------------- running them
+
+def copy_tree(destination: str) -> None:
+    ignore = shutil.ignore_patterns(".git", "runs", "__pycache__", ".pytest_cache", "*.pyc")
+    shutil.copytree(ROOT, destination, ignore=ignore, dirs_exist_ok=True)
+
+
+def serve(workdir: str) -> None:
+    """A worker (python -m common.mutate --serve DIR): imports torch and transformers once, then for each request
+    line [file, timeout] forks a child that runs pytest on DIR as it is now, and answers 'passed', 'failed' or
+    'timeout' and the seconds. Forking saves the ~5 s of imports that a fresh pytest process pays per mutant."""
+    os.chdir(workdir)
+    sys.path.insert(0, workdir)
+    import gymnasium, pytest, torch, transformers, tyro  # noqa: F401,E401  the heavy imports, paid once
+    from transformers import AutoModelForCausalLM, GPT2LMHeadModel  # noqa: F401
+    from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+
+    for request in sys.stdin:
+        file, timeout = json.loads(request)
+        start = time.time()
+        pid = os.fork()
+        if pid == 0:  # the child: its own process group (so a timeout kills its subprocesses too), quiet
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            tests = [a for a in TESTS[file] if not a.endswith(".py") or os.path.exists(a)]  # test files not written yet
+            os._exit(int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests])))
+        outcome = "timeout"
+        while time.time() - start < timeout:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                outcome = "passed" if os.waitstatus_to_exitcode(status) == 0 else "failed"
+                break
+            time.sleep(0.05)
+        else:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        print(json.dumps([outcome, time.time() - start]), flush=True)
+
+
+class Worker:
+    """One copy of the tree and the server process that runs the tests in it."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        copy_tree(folder)
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # no stale bytecode of a mutant
+        self.process = subprocess.Popen([sys.executable, "-m", "common.mutate", "--serve", folder], cwd=ROOT, env=env,
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(self, file: str, source: Optional[str], timeout: float) -> tuple[str, float]:
+        path = os.path.join(self.folder, file)
+        original = open(path, encoding="utf-8").read()
+        try:
+            if source is not None:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(source)
+            self.process.stdin.write(json.dumps([file, timeout]) + "\n")
+            self.process.stdin.flush()
+            outcome, seconds = json.loads(self.process.stdout.readline())
+        finally:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(original)
+        return outcome, seconds
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC, choices=GROUP + CLASSIC)
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--only", nargs="+", default=None, help="run only these mutant ids (file.py:N)")
+    parser.add_argument("--all-copies", action="store_true",
+                        help="also mutate the code a file shares verbatim with grpo.py / ppo.py (mutated there by default)")
+    parser.add_argument("--workers", type=int, default=2, help="mutants run in parallel (at most 2 on this machine)")
+    parser.add_argument("--timeout-factor", type=float, default=3.0,
+                        help="a mutant times out after this many times the unmutated tests' duration, + 30 s")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        return serve(args.serve)
+
+    mutants = {file: mutants_for(file, args.all_copies) for file in args.files}
+    if args.only:
+        mutants = {file: [m for m in ms if m.id in args.only] for file, ms in mutants.items()}
+        mutants = {file: ms for file, ms in mutants.items() if ms}
+    if args.list:
+        for file, ms in mutants.items():
+            for m in ms:
+                print(f"{m.id:14s} line {m.line:4d}  {m.description:45s}  {m.original_line[:90]}")
+        print(f"{sum(map(len, mutants.values()))} mutants: " + ", ".join(f"{f} {len(ms)}" for f, ms in mutants.items()))
+        return
+
+    tmp = tempfile.mkdtemp(prefix="mutate-")
+    workers: queue.Queue = queue.Queue()
+    for i in range(max(1, min(args.workers, 2))):
+        workers.put(Worker(os.path.join(tmp, f"w{i}")))
+    lock, results = threading.Lock(), {}
+    try:
+        # The unmutated tests must pass; their duration sets each file's time limit.
+        limits = {}
+        for file in mutants:
+            worker = workers.get()
+            outcome, seconds = worker.run(file, None, timeout=1800)
+            workers.put(worker)
+            if outcome != "passed":
+                raise SystemExit(f"error: the tests of {file} fail (or hang) without any mutant: fix them first")
+            limits[file] = args.timeout_factor * seconds + 30
+            print(f"{file}: {len(mutants[file])} mutants; unmutated tests {seconds:.0f} s", flush=True)
+
+        def run_one(m: Mutant) -> None:
+            worker = workers.get()
+            try:
+                outcome, seconds = worker.run(m.file, m.source, limits[m.file])
+            finally:
+                workers.put(worker)
+            status = {"failed": "killed", "passed": "survived", "timeout": "timeout"}[outcome]
+            with lock:
+                results[m.id] = status
+                print(f"{m.id:14s} {status:9s} {seconds:5.1f} s  line {m.line}: {m.description}  |  {m.original_line[:80]}",
+                      flush=True)
+
+        with ThreadPoolExecutor(max_workers=workers.qsize()) as pool:
+            list(pool.map(run_one, [m for ms in mutants.values() for m in ms]))
+    finally:
+        while not workers.empty():
+            workers.get().close()
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(mutants, results)
+
+
+def report(mutants: dict, results: dict) -> None:
+    print("\nfile          mutants  killed  survived  timeout  equivalent  kill rate (non-equivalent)")
+    totals = [0, 0, 0, 0, 0]
+    survivors = []
+    for file, ms in mutants.items():
+        counts = [len(ms), 0, 0, 0, 0]
+        for m in ms:
+            status = results[m.id]
+            reason = EQUIVALENT.get((m.file, m.original_line, m.description))
+            if status == "survived" and reason:
+                counts[4] += 1
+            else:
+                counts[{"killed": 1, "survived": 2, "timeout": 3}[status]] += 1
+            if status == "survived":
+                survivors.append((m, reason))
+        totals = [a + b for a, b in zip(totals, counts)]
+        print(row(file, counts))
+    print(row("all", totals))
+    if survivors:
+        print("\nsurvivors:")
+        for m, reason in survivors:
+            print(f"  {m.file}:{m.line}  {m.description}  |  {m.original_line[:90]}"
+                  + (f"\n      equivalent: {reason}" if reason else ""))
+
+
+def row(name: str, counts: list[int]) -> str:
+    total, killed, survived, timeout, equivalent = counts
+    relevant = total - equivalent
+    rate = f"{100 * (killed + timeout) / relevant:.1f} %" if relevant else "-"
+    return f"{name:12s} {total:8d} {killed:7d} {survived:9d} {timeout:8d} {equivalent:11d}  {rate}"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,476 @@
+"""Each group file computes its own method, and its update and main loop feed that method correctly.
+
+Every expected number here comes from outside the code under test:
+- the loss of each file against the paper's formula written out token by token in this file (independent loops,
+  float64), value and gradient: clip bounds (ε_low vs ε_high), SAPO's τ by sign of Â, the KL term's sign,
+  direction, estimator and aggregation (each file aggregates it like its own policy term: common/EQUATIONS.md
+  #eq-97, #eq-100, #eq-102, #eq-109, #eq-119);
+- the update step against θ − ∇loss of the formula on log-probs computed directly (tests/fixed_rollouts.py):
+  several minibatches and epochs, gradient clipping, filler groups, a filler-only minibatch (no step, Adam untouched);
+- the scoring of π_θold and π_ref against log-probs computed directly from the models, at the temperature, with a
+  frozen copy and with LoRA adapters switched off;
+- DAPO's and GRPO's main loops, run in-process with spies, against what was sampled: dynamic sampling keeps the
+  groups whose accuracies differ (not those whose length-shaped rewards differ), the loss mask drops filler groups
+  and (with --overlong-filtering) cut responses, advantages are the hand formula of the (shaped) rewards.
+"""
+
+import ast
+import copy
+import math
+import sys
+
+import pytest
+import torch
+
+import dapo
+import dr_grpo
+import grpo
+import gspo
+import sapo
+from fixed_rollouts import TEMPERATURE, direct_logprobs, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+
+MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
+F64 = torch.float64
+NO_AUTOCAST = torch.autocast("cpu", enabled=False)
+
+# Asymmetric hyperparameters, none equal to a default, so that a swapped or defaulted argument shows.
+HPARAMS = {
+    "grpo": dict(clip_eps=0.15),
+    "dr_grpo": dict(clip_eps=0.15, max_new_tokens=9),
+    "dapo": dict(clip_eps_low=0.1, clip_eps_high=0.3),
+    "gspo": dict(clip_eps_low=0.02, clip_eps_high=0.06),
+    "sapo": dict(tau_pos=0.7, tau_neg=2.0),
+}
+SWAPPED = {
+    "grpo": dict(clip_eps=0.3),
+    "dr_grpo": dict(clip_eps=0.15, max_new_tokens=6),
+    "dapo": dict(clip_eps_low=0.3, clip_eps_high=0.1),
+    "gspo": dict(clip_eps_low=0.06, clip_eps_high=0.02),
+    "sapo": dict(tau_pos=2.0, tau_neg=0.7),
+}
+
+
+# ---------------------------------------------------------------- the papers' formulas, token by token
+
+def k_estimator(logp, ref, estimator):
+    """Schulman (2020): with log_r = log π_ref − log π_θ, k1 = −log_r, k2 = ½ log_r², k3 = e^{log_r} − log_r − 1."""
+    log_r = ref - logp
+    return {"k1": -log_r, "k2": 0.5 * log_r ** 2, "k3": torch.exp(log_r) - log_r - 1}[estimator]
+
+
+def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, estimator="k3", **hp):
+    """The negated objective of each method, written out with Python loops over responses and tokens."""
+    lengths = [int(mask[i].sum()) for i in range(mask.shape[0])]
+    real = [[t for t in range(mask.shape[1]) if mask[i, t] > 0] for i in range(mask.shape[0])]
+    per_response, total_tokens = [], sum(lengths)
+    for i, tokens in enumerate(real):
+        a = advantages[i]
+        kl = [k_estimator(logprobs[i, t], ref[i, t], estimator) for t in tokens] if beta > 0 else [0.0 * a] * len(tokens)
+        if name == "gspo":  # eq. (107), (109): one geometric-mean ratio per response, clipped per response
+            s = torch.exp(sum(logprobs[i, t] - old[i, t] for t in tokens) / len(tokens))
+            clipped = torch.clamp(s, 1 - hp["clip_eps_low"], 1 + hp["clip_eps_high"])
+            per_response.append(torch.minimum(s * a, clipped * a) - beta * sum(kl) / len(tokens))
+            continue
+        terms = []
+        for t, kl_t in zip(tokens, kl):
+            r = torch.exp(logprobs[i, t] - old[i, t])
+            if name == "sapo":  # eq. (117)-(118)
+                tau = hp["tau_pos"] if a > 0 else hp["tau_neg"]
+                term = 4 / tau * torch.sigmoid(tau * (r - 1)) * a
+            else:  # eq. (96), (101)
+                low, high = (hp["clip_eps"], hp["clip_eps"]) if "clip_eps" in hp else (hp["clip_eps_low"], hp["clip_eps_high"])
+                term = torch.minimum(r * a, torch.clamp(r, 1 - low, 1 + high) * a)
+            terms.append(term - beta * kl_t)
+        if name == "dapo":  # eq. (102): every token of the batch weighs 1 / Σ T_i
+            per_response.append(sum(terms) / total_tokens)
+        elif name == "dr_grpo":  # eq. (100): sum over the response's tokens / T_max
+            per_response.append(sum(terms) / hp["max_new_tokens"])
+        else:  # eq. (97), (119): mean over the response's tokens
+            per_response.append(sum(terms) / len(tokens))
+    if name == "dapo":
+        return -sum(per_response)
+    return -sum(per_response) / len(per_response)
+
+
+def random_batch(seed, n=8, width=5, spread=0.5):
+    """float64 log-probs with ratios on both sides of every clip bound, lengths 1..width, junk in the padding."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width + 1, (n,), generator=g)
+    lengths[0] = width
+    mask = (torch.arange(width) < lengths.unsqueeze(1)).to(F64)
+    old = -2 * torch.rand(n, width, generator=g, dtype=F64) - 0.2
+    logprobs = old + spread * (2 * torch.rand(n, width, generator=g, dtype=F64) - 1)
+    ref = logprobs + 0.7 * torch.randn(n, width, generator=g, dtype=F64)
+    logprobs = torch.where(mask.bool(), logprobs, torch.tensor(3.0, dtype=F64))
+    advantages = torch.randn(n, generator=g, dtype=F64)
+    advantages[:2] = torch.tensor([1.3, -0.8], dtype=F64)
+    return logprobs, old, advantages, mask, ref
+
+
+def value_and_grad(fn, logprobs):
+    x = logprobs.detach().clone().requires_grad_(True)
+    value = fn(x)
+    (grad,) = torch.autograd.grad(value, x)
+    return value.detach(), grad
+
+
+@pytest.mark.parametrize("beta, estimator", [(0.0, "k3"), (0.1, "k1"), (0.1, "k2"), (0.1, "k3")])
+@pytest.mark.parametrize("name", list(MODULES))
+def test_loss_is_the_papers_formula(name, beta, estimator):
+    """policy_loss = the method's formula (value and gradient), with each file's own clip bounds or τ, and the
+    KL term subtracted from the objective (sign), as KL(π_θ ‖ π_ref) (direction), aggregated like the policy term."""
+    module, hp = MODULES[name], HPARAMS[name]
+    for seed in (0, 1):
+        logprobs, old, advantages, mask, ref = random_batch(seed)
+        if name == "gspo":  # its ε are small: put the sequence ratios log s_i on both sides of both bounds
+            log_s = torch.tensor([0.04, -0.04, 0.01, -0.01, 0.08, -0.08, 0.0, 0.03], dtype=F64)
+            current = ((logprobs - old) * mask).sum(1) / mask.sum(1)
+            logprobs = torch.where(mask.bool(), logprobs + (log_s - current).unsqueeze(1), logprobs)
+
+        def code(x):
+            return module.policy_loss(x, old, advantages, mask, ref_logprobs=ref, beta=beta, kl_estimator=estimator, **hp)
+
+        def paper(x, **other):
+            return formula_loss(name, x, old, advantages, mask, ref=ref, beta=beta, estimator=estimator, **{**hp, **other})
+
+        loss, grad = value_and_grad(code, logprobs)
+        expected_loss, expected_grad = value_and_grad(paper, logprobs)
+        torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+        # the data must tell the bounds (or temperatures, or T_max) apart, or the comparison proves little
+        swapped_loss, swapped_grad = value_and_grad(lambda x: paper(x, **SWAPPED[name]), logprobs)
+        assert not torch.allclose(swapped_grad, expected_grad, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_kl_term_alone_sign_direction_and_aggregation(name):
+    """At ratio 1 with Â = 0 only the KL term is left: loss = +β × the method's aggregate of k3(π_θ, π_ref) ≥ 0,
+    and its gradient pulls log π_θ towards log π_ref (KL(π_θ ‖ π_ref), not the reverse)."""
+    logprobs, old, _, mask, ref = random_batch(5)
+    zero = torch.zeros(mask.shape[0], dtype=F64)
+    module, hp = MODULES[name], HPARAMS[name]
+    loss, grad = value_and_grad(lambda x: module.policy_loss(x, x.detach(), zero, mask, ref_logprobs=ref, beta=0.5, **hp),
+                                logprobs)
+    k3 = (torch.exp(ref - logprobs) - (ref - logprobs) - 1) * mask
+    lengths = mask.sum(1)
+    aggregate = {"dapo": k3.sum() / lengths.sum(), "dr_grpo": (k3.sum(1) / hp.get("max_new_tokens", 1)).mean()}
+    expected = aggregate.get(name, (k3.sum(1) / lengths).mean())
+    torch.testing.assert_close(loss, 0.5 * expected, rtol=1e-10, atol=1e-12)
+    # d/dlogπ [e^{ref−logπ} − (ref−logπ) − 1] = 1 − e^{ref−logπ}: positive where logπ > ref, so descent lowers it
+    direction = torch.sign((1 - torch.exp(ref - logprobs)) * mask)
+    assert torch.equal(torch.sign(grad), direction)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo", "gspo"])
+def test_log_ratio_clamp_keeps_far_tokens_finite(name):
+    """A log-ratio of ±30 is clamped to ±20 before exp (far-off-policy tokens cannot overflow); within ±20 no clamp."""
+    module = MODULES[name]
+    hp = {"grpo": dict(clip_eps=0.2), "dapo": dict(clip_eps_low=0.2, clip_eps_high=0.28),
+          "gspo": dict(clip_eps_low=0.2, clip_eps_high=0.28)}[name]
+    mask = torch.ones(2, 1, dtype=F64)
+    old = torch.zeros(2, 1, dtype=F64)
+    # Â < 0 with r far above 1 and Â > 0 with r far below: min() picks the unclipped r·Â, so the clamp shows
+    for log_ratio, expected_ratio in ((30.0, math.exp(20.0)), (10.0, math.exp(10.0)), (-30.0, math.exp(-20.0))):
+        logprobs = torch.tensor([[log_ratio], [log_ratio]], dtype=F64)
+        advantages = torch.tensor([-1.0, -1.0] if log_ratio > 0 else [1.0, 1.0], dtype=F64)
+        loss = module.policy_loss(logprobs, old, advantages, mask, beta=0.0, **hp)
+        torch.testing.assert_close(loss, -(expected_ratio * advantages[0]), rtol=1e-12, atol=0)
+
+
+# ---------------------------------------------------------------- the update step: minibatches, epochs, clipping
+
+def params_of(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def rows_of(module, rollout, rows):
+    return module.Rollout(*(x if isinstance(x, int) or x is None else x[rows] for x in rollout))
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_minibatches_and_epochs_are_sequential_steps_on_shuffled_halves(name):
+    """2 epochs × 2 minibatches = 4 plain steps, each on half of a fresh permutation (one torch.randperm per
+    epoch), the ratio measured against the fixed π_θold. Gradients do not leak from one step into the next."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    args = update_args(module, num_minibatches=2, update_epochs=2)
+    expected_model = copy.deepcopy(model)
+    torch.manual_seed(2)  # sgd_step seeds 2 before update_policy
+    orders = [torch.randperm(len(rollout.responses)) for _ in range(2)]
+    for order in orders:
+        for half in (order[:8], order[8:]):
+            step = direct_step(module, expected_model, rows_of(module, rollout, half), args)
+            with torch.no_grad():
+                for name_, p in expected_model.named_parameters():
+                    p.copy_(step[name_])
+    actual = sgd_step(module, model, rollout, args)
+    for name_, p in expected_model.named_parameters():
+        torch.testing.assert_close(actual[name_], p.detach(), atol=1e-6, rtol=0, msg=name_)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_gradient_norm_is_clipped_to_max_grad_norm(name):
+    """With --max-grad-norm c below the gradient's norm, the SGD step is −∇ · c / (‖∇‖ + 1e-6) (torch's clip)."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    initial = params_of(model)
+    full = direct_step(module, model, rollout, update_args(module))
+    grads = {n: initial[n] - full[n] for n in full}
+    norm = torch.sqrt(sum(g.pow(2).sum() for g in grads.values()))
+    c = float(norm) / 10
+    actual = sgd_step(module, model, rollout, update_args(module, max_grad_norm=c))
+    for n in grads:
+        torch.testing.assert_close(actual[n], initial[n] - grads[n] * c / (norm + 1e-6), atol=1e-7, rtol=1e-5, msg=n)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+def test_dapo_filler_groups_get_no_gradient(micro_batch_size):
+    """Rows whose loss mask is 0 (zero-signal filler groups) change nothing: the step on the whole rollout equals
+    the step on the signal rows alone, and the eq. (102) token count is that of the signal rows."""
+    model = tiny_gpt2()
+    rollout = fixed_rollout(dapo, model)
+    filler = torch.zeros(16, dtype=torch.bool)
+    filler[4:8] = filler[12:16] = True
+    masked = rollout._replace(mask=rollout.mask * (~filler).unsqueeze(1))
+    expected = direct_step(dapo, model, rows_of(dapo, rollout, ~filler), update_args(dapo))
+    actual = sgd_step(dapo, model, masked, update_args(dapo, micro_batch_size))
+    for n in expected:
+        torch.testing.assert_close(actual[n], expected[n], atol=1e-6, rtol=0, msg=n)
+
+
+def test_dapo_filler_only_minibatch_takes_no_step_and_leaves_adam_untouched():
+    """A minibatch of filler alone has no gradient; an Adam step would still move the weights by its momentum.
+    It is skipped (stats["skipped_steps"] = 1), the weights and Adam's state stay exactly as they were."""
+    model = tiny_gpt2()
+    rollout = fixed_rollout(dapo, model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    stats = dapo.update_policy(model, optimizer, rollout, update_args(dapo), NO_AUTOCAST)  # builds momentum
+    assert stats["skipped_steps"] == [0.0]
+    before = params_of(model)
+    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
+    filler_only = rollout._replace(mask=torch.zeros_like(rollout.mask))
+    stats = dapo.update_policy(model, optimizer, filler_only, update_args(dapo, micro_batch_size=4), NO_AUTOCAST)
+    assert stats["skipped_steps"] == [1.0]
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+    for p, s in optimizer.state.items():
+        for k, v in s.items():
+            assert torch.equal(v, state[id(p)][k]), k
+
+
+# ---------------------------------------------------------------- scoring: π_θold and π_ref at the temperature
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_scoring_uses_the_temperature_and_the_reference_model(name):
+    """score_responses (in micro-batches) gives log π_θold of the policy and log π_ref of the reference model,
+    both at --temperature; the reference is a frozen copy that stays at the start when the policy moves."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    args = update_args(module, micro_batch_size=4, beta=0.04, lora_rank=0)
+    start = copy.deepcopy(model)
+    ref_model = module.reference_model(model, args)
+    assert module.reference_model(model, update_args(module, beta=0.0)) is None  # β = 0: no reference at all
+    with torch.no_grad():  # the policy moves after the reference was made
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
+    with torch.no_grad():
+        expected_old = direct_logprobs(model, seq, att, plen, resp)
+        expected_ref = direct_logprobs(start, seq, att, plen, resp)
+    mask = rollout.mask.bool()
+    torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
+    assert (old - ref)[mask].abs().max() > 1e-2  # policy and reference differ here
+
+
+def test_lora_reference_is_the_base_model_with_the_adapters_off():
+    """With LoRA the reference is the policy with its adapters switched off: log π_ref is the base model's,
+    log π_θold the adapted model's (the adapters are made non-zero first, as after training)."""
+    model = tiny_gpt2()
+    base = copy.deepcopy(model)
+    rollout = fixed_rollout(grpo, model)
+    args = update_args(grpo, beta=0.04, lora_rank=4, lora_alpha=8.0)
+    model = grpo.add_lora(model, args)
+    ref_model = grpo.reference_model(model, args)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.3 * torch.randn_like(p))
+    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    old, ref, _ = grpo.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
+    with torch.no_grad():
+        expected_ref = direct_logprobs(base, seq, att, plen, resp)
+        expected_old = direct_logprobs(model, seq, att, plen, resp)
+    mask = rollout.mask.bool()
+    torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
+    assert (old - ref)[mask].abs().max() > 1e-2
+
+
+def test_response_logits_are_divided_by_the_temperature():
+    model = tiny_gpt2()
+    rollout = fixed_rollout(grpo, model)
+    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    with torch.no_grad():
+        for temperature in (TEMPERATURE, 2.5):
+            logprobs = grpo.token_logprobs(grpo.response_logits(model, seq, att, plen, temperature), resp)
+            position_ids = (att.cumsum(-1) - 1).clamp(min=0)
+            logits = model(input_ids=seq, attention_mask=att, position_ids=position_ids).logits[:, plen - 1 : -1] / temperature
+            expected = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
+            torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- the main loops, run in-process with spies
+
+class RecordingTask:
+    """The task, with every training-round reward recorded next to the round's responses."""
+
+    def __init__(self, task, log):
+        self.task, self.log, self.reward_fn = task, log, task.reward
+
+    def __getattr__(self, name):
+        return getattr(self.task, name)
+
+    def reward(self, text, target):
+        value = self.reward_fn(text, target)
+        if self.log and self.log[-1]["open"]:
+            self.log[-1]["accuracies"].append(value)
+        return value
+
+
+def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
+    """Execute the file's main block in a copy of its namespace in which sample(), the task and update_policy()
+    are wrapped to record what each sampling round drew and what the update received. `responses_for(prompts,
+    tokenizer, args)`, if given, writes the training rounds' responses instead of the model (answer texts, None
+    for an answer cut at --max-new-tokens)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [module.__file__, *argv])
+    rounds, updates = [], []
+    namespace = dict(vars(module), __name__="__main__")
+    real_sample, real_update = module.sample, module.update_policy
+
+    def sample(model, tokenizer, task, prompts, args, device, num_samples, greedy=False):
+        out = real_sample(model, tokenizer, task, prompts, args, device, num_samples=num_samples, greedy=greedy)
+        training = num_samples == args.group_size and not greedy
+        if training and responses_for is not None:
+            out = designed_round(module, out, responses_for(prompts, tokenizer, args), tokenizer, args)
+        rounds.append(dict(open=training, keys=row_keys(out[0], out[1], out[2]), mask=out[4], truncated=out[5], accuracies=[]))
+        rounds[-1]["training"] = training
+        return out
+
+    def update_policy(model, optimizer, rollout, args, autocast):
+        for r in rounds:  # evaluate() samples through the module's own sample(): its rewards are not the round's
+            r["open"] = False
+        updates.append(rollout)
+        return real_update(model, optimizer, rollout, args, autocast)
+
+    def get_task(name):
+        return RecordingTask(module.get_task(name), rounds)
+
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task)
+    tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+    (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)
+    return [r for r in rounds if r["training"]], updates
+
+
+def designed_round(module, out, answers, tokenizer, args):
+    """The sampled round with its responses replaced: each answer text then EOS, or (None) a cut response of
+    --max-new-tokens digits without EOS; the mask and the cut flags recomputed as sample() computes them."""
+    sequences, attention_mask, prompt_len = out[0], out[1], out[2]
+    width, rows = args.max_new_tokens, []
+    for answer in answers:
+        ids = [tokenizer.convert_tokens_to_ids("9")] * width if answer is None else \
+            tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
+    responses = torch.tensor(rows, dtype=sequences.dtype)
+    mask, truncated = module.response_mask(responses, torch.tensor([tokenizer.eos_token_id]))
+    sequences = torch.cat([sequences[:, :prompt_len], responses], dim=1)
+    attention_mask = torch.cat([attention_mask[:, :prompt_len], mask.long()], dim=1)
+    return sequences, attention_mask, prompt_len, responses, mask, truncated
+
+
+def row_keys(sequences, attention_mask, prompt_len):
+    """Each row as (its prompt tokens, its response tokens), padding left out: identifies a row after reordering."""
+    keys = []
+    for row, attention in zip(sequences.tolist(), attention_mask.tolist()):
+        real = [t for t, a in zip(row, attention) if a]
+        keys.append((tuple(real[: sum(attention[:prompt_len])]), tuple(real[sum(attention[:prompt_len]) :])))
+    return keys
+
+
+def hand_advantages(rewards, group_size):
+    """eq. (90)-(91): (R − group mean) / sqrt(population variance + 1e-6); exactly 0 for a group of equal rewards."""
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean = sum(group) / group_size
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / group_size + 1e-6)
+        out += [0.0 if len(set(group)) == 1 else (r - mean) / std for r in group]
+    return out
+
+
+def hand_penalty(length, max_new_tokens, buffer):
+    """DAPO §3.4: 0 up to max_new_tokens − buffer tokens, then linear down to −1 at max_new_tokens."""
+    return min(0.0, max(-1.0, (max_new_tokens - buffer - length) / buffer))
+
+
+@pytest.mark.parametrize("overlong_filtering", [False, True])
+def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(overlong_filtering, monkeypatch, tmp_path):
+    """dapo.py's main loop, one iteration on the embedded model, with a round of responses written by the test:
+    right and wrong answers, short and long ones, some cut at --max-new-tokens, and a length penalty from 2 tokens
+    on. A group of two wrong answers of different lengths has different shaped rewards but equal accuracy: dynamic
+    sampling drops it (the DAPO recipe filters on accuracy). The loss mask keeps exactly the rows of the kept
+    groups (and, with --overlong-filtering, only their finished responses), all their tokens; the advantages
+    are eq. (90)-(91) of the shaped rewards."""
+    group_size, max_new_tokens, buffer = 2, 6, 5
+
+    def responses_for(prompts, tokenizer, args):
+        """Per group of 2, cycling: right + wrong (signal); two wrong answers of 1 and 6 tokens (no signal, yet
+        different shaped rewards); right + right (no signal); right + a cut response (signal, cut)."""
+        answers = []
+        for i, prompt in enumerate(prompts):
+            a, b = prompt.rstrip("=").split("+")
+            right, wrong = str(int(a) + int(b)), "0" if int(a) + int(b) else "1"
+            answers += [[right, wrong], [wrong, None], [right, right], [right, None]][i % 4]
+        return answers
+
+    argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--group-size", str(group_size),
+            "--max-new-tokens", str(max_new_tokens), "--overlong-buffer", str(buffer), "--max-sampling-rounds", "1",
+            "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
+    if overlong_filtering:
+        argv.append("--overlong-filtering")
+    rounds, updates = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
+    (sampled,), (rollout,) = rounds, updates
+
+    lengths = sampled["mask"].sum(1).tolist()
+    accuracies = sampled["accuracies"]
+    shaped = [a + hand_penalty(n, max_new_tokens, buffer) for a, n in zip(accuracies, lengths)]
+    groups = range(0, len(accuracies), group_size)
+    by_accuracy = {g: len(set(accuracies[g : g + group_size])) > 1 for g in groups}
+    by_shaped = {g: len(set(shaped[g : g + group_size])) > 1 for g in groups}
+    # the case of the DAPO recipe: equal accuracy, different lengths → different shaped rewards, yet no signal
+    assert any(by_shaped[g] and not by_accuracy[g] for g in groups), "the seed should sample such a group"
+    assert any(by_accuracy.values())
+
+    on, reward = {}, {}
+    for i, key in enumerate(sampled["keys"]):
+        kept = by_accuracy[i - i % group_size] and not (overlong_filtering and bool(sampled["truncated"][i]))
+        on[key], reward[key] = on.get(key, False) or kept, shaped[i]
+    if overlong_filtering:  # the seed should cut some answers of kept groups, or the flag would not be tested
+        assert any(by_accuracy[i - i % group_size] and bool(sampled["truncated"][i]) for i in range(len(accuracies)))
+    keys = row_keys(rollout.sequences, rollout.attention_mask, rollout.prompt_len)
+    assert sorted(keys) == sorted(sampled["keys"])  # one round, a full batch: the same rows, reordered
+    for i, key in enumerate(keys):
+        assert bool(rollout.mask[i].sum() > 0) == on[key], (i, key)
+        if on[key]:
+            assert rollout.mask[i].sum() == len(key[1])  # all the response's tokens, EOS included
+
+    # advantages: the hand formula of the shaped rewards, groups whole (the filler's do not matter: masked out)
+    expected = torch.tensor(hand_advantages([reward[key] for key in keys], group_size))
+    kept = rollout.mask.sum(1) > 0
+    torch.testing.assert_close(rollout.advantages[kept], expected[kept].to(rollout.advantages.dtype), atol=1e-5, rtol=1e-5)
