@@ -1,0 +1,34 @@
+"""common/scale.py: its argument checks, and one tiny run that fills a row of the table."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def scale(*flags):
+    return subprocess.run([sys.executable, "-m", "common.scale", *flags], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--micro-batch-size", "5"], "error: --micro-batch-size must divide --prompts × --group-size = 64"),
+    (["--group-size", "1"], "error: --iterations, --prompts and --max-new-tokens must be >= 1, --group-size >= 2"),
+])
+def test_bad_arguments_give_one_line(flags, message):
+    result = scale(*flags)
+    assert result.returncode != 0 and result.stderr.strip() == message
+
+
+def test_tiny_run_fills_a_row():
+    result = scale("--configs", "gpt2-tiny", "--variants", "lora+gc", "--iterations", "1", "--prompts", "2",
+                   "--group-size", "2", "--max-new-tokens", "4", "--micro-batch-size", "4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = [line for line in result.stdout.splitlines() if line.startswith("| gpt2-tiny | lora+gc |")]
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    seconds = [float(cell) for cell in cells[2:6]]
+    assert all(s >= 0 for s in seconds) and abs(seconds[3] - sum(seconds[:3])) < 0.02
+    assert float(cells[6]) > 0 and cells[7].endswith("GB RSS")
