@@ -85,7 +85,9 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
-           "-k", "not smoke and not learns and not bad_argument and not unsupported_space"] for f in CLASSIC},
+           "tests/test_classic_rough_edges.py", "-k",
+           "not smoke and not learns and not bad_argument and not unsupported_space and not missing and not lunar "
+           f"and not readme and not console and ({f[:-3]} or not (vpg or a2c or trpo or ppo))"] for f in CLASSIC},
 }
 
 # Names that can stand in for one another: a mutant replaces one by another of its set.
