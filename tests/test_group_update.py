@@ -287,15 +287,51 @@ def test_scoring_uses_the_temperature_and_the_reference_model(name):
     assert (old - ref)[mask].abs().max() > 1e-2  # policy and reference differ here
 
 
+@pytest.mark.parametrize("name", list(MODULES))
+def test_scoring_without_a_reference(name):
+    """β = 0: no reference model, no reference log-probs, and π_θold's log-probs as with one."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    args = update_args(module, micro_batch_size=8, beta=0.0)
+    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    old, ref, _ = module.score_responses(model, None, seq, att, plen, resp, args, NO_AUTOCAST)
+    assert ref is None
+    with torch.no_grad():
+        expected = direct_logprobs(model, seq, att, plen, resp)
+    torch.testing.assert_close(old[rollout.mask.bool()], expected[rollout.mask.bool()], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_gradients_are_synchronised_once_per_optimiser_step(name, monkeypatch):
+    """Under torchrun only the last micro-batch of a minibatch may all-reduce the gradients (gradient_sync(last=True)):
+    one per optimiser step, whatever the micro-batch size. Recorded here in one process."""
+    module = MODULES[name]
+    flags = []
+
+    def gradient_sync(model, last):
+        flags.append(last)
+        return module.contextlib.nullcontext()
+
+    monkeypatch.setattr(module, "gradient_sync", gradient_sync)
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    for micro_batch_size, expected in ((None, [True, True]), (4, [False, True] * 2), (2, [False, False, False, True] * 2)):
+        flags.clear()
+        sgd_step(module, model, rollout, update_args(module, micro_batch_size, num_minibatches=2))
+        assert flags == expected, micro_batch_size
+
+
 def test_lora_reference_is_the_base_model_with_the_adapters_off():
     """With LoRA the reference is the policy with its adapters switched off: log π_ref is the base model's,
     log π_θold the adapted model's (the adapters are made non-zero first, as after training)."""
     model = tiny_gpt2()
     base = copy.deepcopy(model)
     rollout = fixed_rollout(grpo, model)
-    args = update_args(grpo, beta=0.04, lora_rank=4, lora_alpha=8.0)
+    args = update_args(grpo, beta=0.04, lora_rank=1, lora_alpha=8.0)  # rank 1: the smallest rank is still LoRA
     model = grpo.add_lora(model, args)
     ref_model = grpo.reference_model(model, args)
+    assert ref_model is model  # no second copy: the reference is the policy with its adapters off
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
