@@ -194,7 +194,8 @@ def test_minibatches_and_epochs_are_sequential_steps_on_shuffled_halves(name):
     module = MODULES[name]
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
-    args = update_args(module, num_minibatches=2, update_epochs=2)
+    # every hyperparameter away from its default, so that a call that forgot one would take another step
+    args = update_args(module, num_minibatches=2, update_epochs=2, beta=0.1, kl_estimator="k2", **HPARAMS[name])
     expected_model = copy.deepcopy(model)
     torch.manual_seed(2)  # sgd_step seeds 2 before update_policy
     orders = [torch.randperm(len(rollout.responses)) for _ in range(2)]
@@ -207,6 +208,20 @@ def test_minibatches_and_epochs_are_sequential_steps_on_shuffled_halves(name):
     actual = sgd_step(module, model, rollout, args)
     for name_, p in expected_model.named_parameters():
         torch.testing.assert_close(actual[name_], p.detach(), atol=1e-6, rtol=0, msg=name_)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_update_without_a_reference(name):
+    """β = 0: the rollout has no reference log-probs, and the step is that of the loss without a KL term."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)._replace(ref_logprobs=None)
+    initial = params_of(model)
+    expected = direct_step(module, model, rollout, update_args(module, beta=0.0))
+    actual = sgd_step(module, model, rollout, update_args(module, 2, beta=0.0))
+    assert any(not torch.equal(expected[n], initial[n]) for n in initial)
+    for n in expected:
+        torch.testing.assert_close(actual[n], expected[n], atol=1e-6, rtol=0, msg=n)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -322,22 +337,24 @@ def test_gradients_are_synchronised_once_per_optimiser_step(name, monkeypatch):
         assert flags == expected, micro_batch_size
 
 
-def test_lora_reference_is_the_base_model_with_the_adapters_off():
+@pytest.mark.parametrize("name", list(MODULES))
+def test_lora_reference_is_the_base_model_with_the_adapters_off(name):
     """With LoRA the reference is the policy with its adapters switched off: log π_ref is the base model's,
     log π_θold the adapted model's (the adapters are made non-zero first, as after training)."""
+    module = MODULES[name]
     model = tiny_gpt2()
     base = copy.deepcopy(model)
-    rollout = fixed_rollout(grpo, model)
-    args = update_args(grpo, beta=0.04, lora_rank=1, lora_alpha=8.0)  # rank 1: the smallest rank is still LoRA
-    model = grpo.add_lora(model, args)
-    ref_model = grpo.reference_model(model, args)
+    rollout = fixed_rollout(module, model)
+    args = update_args(module, beta=0.04, lora_rank=1, lora_alpha=8.0)  # rank 1: the smallest rank is still LoRA
+    model = module.add_lora(model, args)
+    ref_model = module.reference_model(model, args)
     assert ref_model is model  # no second copy: the reference is the policy with its adapters off
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.3 * torch.randn_like(p))
     seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
-    old, ref, _ = grpo.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
+    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
     with torch.no_grad():
         expected_ref = direct_logprobs(base, seq, att, plen, resp)
         expected_old = direct_logprobs(model, seq, att, plen, resp)
