@@ -472,58 +472,62 @@ def hand_penalty(length, max_new_tokens, buffer):
     return min(0.0, max(-1.0, (max_new_tokens - buffer - length) / buffer))
 
 
-@pytest.mark.parametrize("overlong_filtering", [False, True])
-def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(overlong_filtering, monkeypatch, tmp_path):
-    """dapo.py's main loop, one iteration on the embedded model, with a round of responses written by the test:
-    right and wrong answers, short and long ones, some cut at --max-new-tokens, and a length penalty from 2 tokens
-    on. A group of two wrong answers of different lengths has different shaped rewards but equal accuracy: dynamic
-    sampling drops it (the DAPO recipe filters on accuracy). The loss mask keeps exactly the rows of the kept
-    groups (and, with --overlong-filtering, only their finished responses), all their tokens; the advantages
-    are eq. (90)-(91) of the shaped rewards."""
-    group_size, max_new_tokens, buffer = 2, 6, 5
+@pytest.mark.parametrize("overlong_filtering, prompts, max_rounds", [(False, 3, 4), (True, 8, 1)])
+def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(overlong_filtering, prompts, max_rounds,
+                                                                              monkeypatch, tmp_path):
+    """dapo.py's main loop, one iteration on the embedded model, with rounds of responses written by the test: right
+    answers short and long ("85", "1+85": the reward reads the last number), wrong ones, some cut at --max-new-tokens,
+    and a length penalty from 2 tokens on. A group of wrong answers of different lengths has different shaped rewards
+    but equal accuracy: dynamic sampling drops it (the DAPO recipe filters on accuracy). Rounds go on until B groups
+    have signal (or --max-sampling-rounds); the batch is the signal groups in sampling order, then filler; the loss
+    mask keeps exactly the rows of signal groups (and, with --overlong-filtering, only their finished responses), all
+    their tokens; the advantages are eq. (90)-(91) of the shaped rewards."""
+    group_size, max_new_tokens, buffer = 4, 8, 7
 
     def responses_for(prompts, tokenizer, args):
-        """Per group of 2, cycling: right + wrong (signal); two wrong answers of 1 and 6 tokens (no signal, yet
-        different shaped rewards); right + right (no signal); right + a cut response (signal, cut)."""
+        """Per group, by the prompt's place in its round: right answers of two lengths and wrong ones (signal);
+        wrong answers of different lengths (no signal, yet different shaped rewards); all right (no signal);
+        right answers and a cut response (signal, cut)."""
         answers = []
         for i, prompt in enumerate(prompts):
             a, b = prompt.rstrip("=").split("+")
             right, wrong = str(int(a) + int(b)), "0" if int(a) + int(b) else "1"
-            answers += [[right, wrong], [wrong, None], [right, right], [right, None]][i % 4]
+            answers += [[right, "1+" + right, wrong, "11+" + wrong], [wrong, "1+" + wrong, None, wrong],
+                        [right] * 4, [right, "1+" + right, None, wrong]][i % 4]
         return answers
 
-    argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--group-size", str(group_size),
-            "--max-new-tokens", str(max_new_tokens), "--overlong-buffer", str(buffer), "--max-sampling-rounds", "1",
-            "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
+    argv = ["--num-iterations", "1", "--prompts-per-iteration", str(prompts), "--group-size", str(group_size),
+            "--max-new-tokens", str(max_new_tokens), "--overlong-buffer", str(buffer),
+            "--max-sampling-rounds", str(max_rounds), "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
     if overlong_filtering:
         argv.append("--overlong-filtering")
-    rounds, updates = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
-    (sampled,), (rollout,) = rounds, updates
+    rounds, (rollout,) = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
 
-    lengths = sampled["mask"].sum(1).tolist()
-    accuracies = sampled["accuracies"]
+    # what was sampled, group by group, in sampling order
+    keys = [key for r in rounds for key in r["keys"]]
+    accuracies = [a for r in rounds for a in r["accuracies"]]
+    lengths = [n for r in rounds for n in r["mask"].sum(1).tolist()]
+    truncated = [bool(t) for r in rounds for t in r["truncated"]]
     shaped = [a + hand_penalty(n, max_new_tokens, buffer) for a, n in zip(accuracies, lengths)]
-    groups = range(0, len(accuracies), group_size)
-    by_accuracy = {g: len(set(accuracies[g : g + group_size])) > 1 for g in groups}
-    by_shaped = {g: len(set(shaped[g : g + group_size])) > 1 for g in groups}
+    groups = [list(range(g, g + group_size)) for g in range(0, len(keys), group_size)]
+    signal = [len({accuracies[i] for i in g}) > 1 for g in groups]
     # the case of the DAPO recipe: equal accuracy, different lengths → different shaped rewards, yet no signal
-    assert any(by_shaped[g] and not by_accuracy[g] for g in groups), "the seed should sample such a group"
-    assert any(by_accuracy.values())
+    assert any(len({shaped[i] for i in g}) > 1 and not s for g, s in zip(groups, signal))
 
-    on, reward = {}, {}
-    for i, key in enumerate(sampled["keys"]):
-        kept = by_accuracy[i - i % group_size] and not (overlong_filtering and bool(sampled["truncated"][i]))
-        on[key], reward[key] = on.get(key, False) or kept, shaped[i]
-    if overlong_filtering:  # the seed should cut some answers of kept groups, or the flag would not be tested
-        assert any(by_accuracy[i - i % group_size] and bool(sampled["truncated"][i]) for i in range(len(accuracies)))
-    keys = row_keys(rollout.sequences, rollout.attention_mask, rollout.prompt_len)
-    assert sorted(keys) == sorted(sampled["keys"])  # one round, a full batch: the same rows, reordered
-    for i, key in enumerate(keys):
-        assert bool(rollout.mask[i].sum() > 0) == on[key], (i, key)
-        if on[key]:
-            assert rollout.mask[i].sum() == len(key[1])  # all the response's tokens, EOS included
+    # rounds until B groups have signal, then the batch: signal groups first, then filler, in sampling order
+    per_round = [sum(signal[k * prompts : (k + 1) * prompts]) for k in range(len(rounds))]
+    expected_rounds = next((k + 1 for k in range(max_rounds) if sum(per_round[: k + 1]) >= prompts), max_rounds)
+    assert len(rounds) == expected_rounds
+    chosen = ([g for g, s in zip(groups, signal) if s] + [g for g, s in zip(groups, signal) if not s])[:prompts]
+    rows = [i for g in chosen for i in g]
+    assert row_keys(rollout.sequences, rollout.attention_mask, rollout.prompt_len) == [keys[i] for i in rows]
+    if overlong_filtering:  # the flag must have something to do: a cut response in a signal group
+        assert any(truncated[i] for g, s in zip(groups, signal) if s for i in g)
+    for position, i in enumerate(rows):
+        on = signal[groups.index(next(g for g in groups if i in g))] and not (overlong_filtering and truncated[i])
+        assert rollout.mask[position].sum() == (lengths[i] if on else 0), (position, keys[i])
 
     # advantages: the hand formula of the shaped rewards, groups whole (the filler's do not matter: masked out)
-    expected = torch.tensor(hand_advantages([reward[key] for key in keys], group_size))
+    expected = torch.tensor(hand_advantages([shaped[i] for i in rows], group_size), dtype=rollout.advantages.dtype)
     kept = rollout.mask.sum(1) > 0
-    torch.testing.assert_close(rollout.advantages[kept], expected[kept].to(rollout.advantages.dtype), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(rollout.advantages[kept], expected[kept], atol=1e-5, rtol=1e-5)
