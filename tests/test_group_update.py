@@ -435,11 +435,10 @@ def designed_round(module, out, answers, tokenizer, args):
     """The sampled round with its responses replaced: each answer text then EOS, or (None) a cut response of
     --max-new-tokens digits without EOS; the mask and the cut flags recomputed as sample() computes them."""
     sequences, attention_mask, prompt_len = out[0], out[1], out[2]
-    width, rows = args.max_new_tokens, []
-    for answer in answers:
-        ids = [tokenizer.convert_tokens_to_ids("9")] * width if answer is None else \
-            tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
+    rows = [[tokenizer.convert_tokens_to_ids("9")] * args.max_new_tokens if answer is None else
+            tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for answer in answers]
+    width = max(map(len, rows))  # generate() stops when every row has ended: rounds differ in width
+    rows = [ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows]
     responses = torch.tensor(rows, dtype=sequences.dtype)
     mask, truncated = module.response_mask(responses, torch.tensor([tokenizer.eos_token_id]))
     sequences = torch.cat([sequences[:, :prompt_len], responses], dim=1)
@@ -488,14 +487,17 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
         """Per group, by the prompt's place in its round: right answers of two lengths and wrong ones (signal);
         wrong answers of different lengths (no signal, yet different shaped rewards); all right (no signal);
         right answers and a cut response (signal, cut)."""
-        answers = []
+        answers, round_index = [], len(calls)
+        calls.append(prompts)
         for i, prompt in enumerate(prompts):
             a, b = prompt.rstrip("=").split("+")
             right, wrong = str(int(a) + int(b)), "0" if int(a) + int(b) else "1"
-            answers += [[right, "1+" + right, wrong, "11+" + wrong], [wrong, "1+" + wrong, None, wrong],
-                        [right] * 4, [right, "1+" + right, None, wrong]][i % 4]
+            cut = None if round_index % 2 == 0 else "11+" + wrong  # every other round without a cut response
+            answers += [[right, "1+" + right, wrong, "11+" + wrong], [wrong, "1+" + wrong, cut, wrong],
+                        [right] * 4, [right, "1+" + right, cut, wrong]][i % 4]
         return answers
 
+    calls = []
     argv = ["--num-iterations", "1", "--prompts-per-iteration", str(prompts), "--group-size", str(group_size),
             "--max-new-tokens", str(max_new_tokens), "--overlong-buffer", str(buffer),
             "--max-sampling-rounds", str(max_rounds), "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
