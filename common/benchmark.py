@@ -74,7 +74,7 @@ FAMILIES = (CLASSIC, GROUP)
 TUNED = {
     "CartPole-v1": {"vpg": "", "a2c": "", "trpo": "", "ppo": ""},
     "Acrobot-v1": {
-        "vpg": "--total-timesteps 200000",
+        "vpg": "--total-timesteps 300000 --num-steps 128 --learning-rate 2e-3",
         "ppo": "--total-timesteps 200000",
         "trpo": "--total-timesteps 200000",
         "a2c": "--total-timesteps 200000",
