@@ -21,6 +21,13 @@ the main loop from the rollout storage to the optimiser steps. Not mutated: argu
 generation, logging and what only feeds it (clip fractions, the lines under `with torch.no_grad()` that fill
 `stats`), printing and saving; each has its own tests, and a mutant there tells nothing about the math.
 
+Two more restrictions keep the run near an hour on 2 cores: a line that a sibling shares with grpo.py (group) or
+ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
+the files, and tests/test_classic_losses.py checks the shared helpers verbatim; --all-copies mutates every copy),
+and shape arguments (dim=, .view(-1), .unsqueeze(1)) are left alone (a wrong one is a shape error).
+Tests run cheapest first (tests/test_group_update.py, tests/test_classic_update.py) with -x, so most mutants die in
+seconds; each worker imports torch and transformers once and forks a child per mutant.
+
 The mutants come from two sources:
 1. Rules applied to every node of a region's syntax tree: + ↔ −, * ↔ /, < ↔ <=, > ↔ >=, == ↔ !=,
    and ↔ or, min ↔ max, mean ↔ sum, clamp(min=) ↔ clamp(max=), a unary minus, ~ or `not` dropped,
@@ -160,7 +167,66 @@ SEMANTIC += [
 ]
 
 # Surviving mutants that are equivalent or harmless: (file, text of the mutated line, mutation) -> why.
-EQUIVALENT: dict[tuple[str, str, str], str] = {}
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ('grpo.py', 'log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)', '-20.0 → -40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (the no-NaN tests pin finiteness)',
+    ('grpo.py', 'log_r = (ref_logprobs - logprobs).clamp(-20.0, 20.0)', '20.0 → 40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (the no-NaN tests pin finiteness)',
+    ('grpo.py', 'if ref_logprobs is not None and beta > 0:', '> → >='):
+        'equivalent: at β = 0 the KL term adds 0 × a finite number',
+    ('grpo.py', 'first_eos = torch.where(truncated, responses.shape[1] - 1, is_eos.int().argmax(dim=1))', '- → +'):
+        'equivalent: for a cut response any end ≥ T − 1 gives the same all-ones mask',
+    ('grpo.py', 'first_eos = torch.where(truncated, responses.shape[1] - 1, is_eos.int().argmax(dim=1))', '1 → 0'):
+        'equivalent: for a cut response any end ≥ T − 1 gives the same all-ones mask',
+    ('grpo.py', 'model.eval()', 'delete the statement'):
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
+    ('grpo.py', 'model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing', 'delete the statement'):
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
+    ('grpo.py', 'with reference_scoring(ref_model, args), autocast:', 'ref_model → model'):
+        'equivalent: with LoRA ref_model is model; without, reference_scoring is a no-op',
+    ('grpo.py', 'mb_inds = order[minibatch_start : minibatch_start + minibatch_size]', 'minibatch_size → batch_size'):
+        'equivalent: the micro-batch loop reads only the first minibatch_size indices of mb_inds',
+    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', '-1.0 → -2.0'):
+        'equivalent: lengths never exceed max_new_tokens, so the penalty never falls below −1',
+    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', 'drop min='):
+        'equivalent: lengths never exceed max_new_tokens, so the penalty never falls below −1',
+    ('dapo.py', 'return -(per_token * mask).sum() / max(float(num_active_tokens), 1e-6)', '1e-06 → 2e-06'):
+        'equivalent: the floor acts only on a batch without real tokens, whose sum is 0',
+    ('dapo.py', 'model.eval()', 'delete the statement'):
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
+    ('dapo.py', 'generate_seconds = time.time() - iteration_start', '- → +'):
+        'harmless: a duration that is only logged (perf/generate_seconds)',
+    ('sapo.py', 'tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))', '> → >='):
+        "equivalent: at Â = 0 the token's term and its gradient are 0 whatever τ",
+    ('vpg.py', 'logratio = agent.get_dist(b_obs).log_prob(b_actions) - b_logprobs', '- → +'):
+        'harmless: only logged (losses/approx_kl after the step)',
+    ('a2c.py', 'logratio = agent.get_dist(b_obs).log_prob(b_actions) - b_logprobs', '- → +'):
+        'harmless: only logged (losses/approx_kl after the step)',
+    ('trpo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '-20.0 → -40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
+    ('trpo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '20.0 → 40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
+    ('ppo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '-20.0 → -40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
+    ('ppo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '20.0 → 40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
+    ('trpo.py', 'if rr < 1e-10:', '1e-10 → 2e-10'):
+        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) moves the answer by far less than its iteration error",
+    ('trpo.py', 'if rr < 1e-10:', '< → <='):
+        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) moves the answer by far less than its iteration error",
+    ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '+ → -'):
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+    ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '1e-12 → 0.0'):
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+    ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '1e-12 → 2e-12'):
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+    ('trpo.py', 'if surr >= surr_old and approx_kl <= args.max_kl:', '<= → <'):
+        'equivalent: differs only when the mean KL equals δ exactly',
+    ('trpo.py', 'if surr >= surr_old and approx_kl <= args.max_kl:', '>= → >'):
+        'equivalent: surr = surr_old exactly only for a null step (g = 0), and refusing a null step leaves π_old too',
+    ('trpo.py', 'dist, surr, approx_kl = old_dist, surr_old, torch.zeros(())', 'old_dist → dist'):
+        'harmless: after a refused step dist only feeds the logged entropy',
+}
 
 
 # ---------------------------------------------------------------- generating mutants

@@ -105,9 +105,16 @@ def run_main(name, argv, monkeypatch, tmp_path, **overrides):
         return module.compute_gae(*args)
 
     class Adam(module.Adam):
+        fresh = False  # zero_grad() was called since the last step: this step's gradient is its own
+
+        def zero_grad(self):
+            super().zero_grad()
+            self.fresh = True
+
         def step(self):
             rec["adam"].append(dict(optimizer=self, params=[p.detach().clone() for p in self.params],
-                                    grads=[p.grad.clone() for p in self.params]))
+                                    grads=[p.grad.clone() for p in self.params], fresh=self.fresh))
+            self.fresh = False
             super().step()
 
     namespace = dict(vars(module), __name__="__main__", Agent=Agent, make_envs=make_envs, compute_gae=compute_gae,
@@ -238,6 +245,7 @@ def test_main_loop_feeds_gae_and_every_step_is_the_loss_gradient(name, monkeypat
         norm = torch.sqrt(sum(g.pow(2).sum() for g in grads))
         scale = min(1.0, 0.3 / (float(norm) + 1e-6))  # the global-norm clip, --max-grad-norm 0.3
         clipped = clipped or scale < 1
+        assert step["fresh"], "the gradients must be zeroed before each step, or they pile up over iterations"
         for n, g, actual in zip(names, grads, step["grads"]):
             torch.testing.assert_close(actual, g * scale, atol=1e-5, rtol=1e-4, msg=f"{name} {kind} {n}")
     assert clipped, "the gradient clip should act in some step"
