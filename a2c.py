@@ -1,6 +1,6 @@
-"""A2C: synchronous advantage actor-critic, on gymnasium classic control.
+"""A2C: synchronous advantage actor-critic (Mnih et al. 2016, A3C's synchronous form, arXiv 1602.01783).
 
-Seed 000, section 3.4.2. `num_envs` environments step in lockstep (one vectorised env); after every
+Equations: common/EQUATIONS.md#sec-a2c. `num_envs` environments step in lockstep (one vectorised env); after every
 `num_steps` steps the agent takes ONE gradient step, actor and critic together, on
 
     loss = -mean(log pi(a_t|s_t) A_t) + c1 * mean((V(s_t) - G_t)^2) / 2 - c2 * entropy
@@ -10,7 +10,7 @@ critic regresses on G_t, the n-step return bootstrapped from the critic at the e
 (G_t = r_t + gamma r_{t+1} + ... + gamma^(n-t) V(s_n)), a multi-step form of the TD target of
 eq. (44)-(45). Both come from compute_gae with lambda = 1 over the rollout (eq. 80-81).
 
-A3C (section 3.4.3) computes the same gradient, but in asynchronous workers that each hold a copy
+A3C (common/EQUATIONS.md#sec-a3c) computes the same gradient, but in asynchronous workers that each hold a copy
 of the parameters, act in their own env and push gradients to a shared model whenever they finish
 a rollout, so updates are computed from slightly stale parameters. A2C waits for all envs and takes
 one synchronous step: simpler, deterministic, and as fast on one machine. A3C is not implemented.
@@ -347,7 +347,7 @@ if __name__ == "__main__":
         newlogprob = dist.log_prob(b_actions)
         entropy = dist.entropy().mean()
         pg_loss = policy_loss(newlogprob, b_advantages)
-        v_loss = 0.5 * ((agent.get_value(b_obs) - b_returns) ** 2).mean()  # eq. (45), n-step target
+        v_loss = 0.5 * ((agent.get_value(b_obs) - b_returns) ** 2).mean()  # eq. (82), n-step targets (eq. 81, λ = 1)
         loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
         optimizer.zero_grad()
         loss.backward()

@@ -1,6 +1,6 @@
-"""PPO: Proximal Policy Optimization with a clipped surrogate, on gymnasium classic control.
+"""PPO: Proximal Policy Optimization with a clipped surrogate (Schulman et al. 2017, arXiv 1707.06347).
 
-Seed 000, section 4.7. Each iteration rolls out the current policy pi_old in `num_envs` parallel
+Equations: common/EQUATIONS.md#sec-ppo; GAE: Schulman et al. 2016, arXiv 1506.02438. Each iteration rolls out the current policy pi_old in `num_envs` parallel
 environments for `num_steps` steps, computes GAE advantages (eq. 80) and value targets (eq. 81)
 from the critic, then runs `update_epochs` epochs of minibatch gradient steps on
 
@@ -54,7 +54,7 @@ class Args:
     num_minibatches: int = 2
     """minibatches per epoch; must divide num_envs * num_steps"""
     update_epochs: int = 10
-    """passes over each batch (K in section 4.7.4)"""
+    """passes over each batch (K of the PPO iteration, eq. 84)"""
     learning_rate: float = 4e-3
     """Adam step size for actor and critic"""
     anneal_lr: bool = True

@@ -1,6 +1,6 @@
-"""TRPO: Trust Region Policy Optimization, on gymnasium classic control.
+"""TRPO: Trust Region Policy Optimization (Schulman et al. 2015, arXiv 1502.05477), on gymnasium classic control.
 
-Seed 000, section 4.6. Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and
+Equations: common/EQUATIONS.md#sec-trpo; GAE: Schulman et al. 2016, arXiv 1506.02438. Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and
 approximately solves
 
     max_theta  L(theta) = mean_t[ r_t(theta) A_t ]                                   (eq. 69)
@@ -10,7 +10,7 @@ with r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t). Linearising L (gradient g, eq. 7
 to second order (Fisher matrix A, eq. 72) gives the direction s = A^-1 g (eq. 73), found by conjugate
 gradient from Fisher-vector products (A is never formed), then the largest step along s that fits
 the trust region, beta = sqrt(2 delta / s^T A s) (eq. 74), shrunk by a backtracking line search until
-the surrogate improves and the exact KL is <= delta (section 4.6.4, step 5). The critic is fitted
+the surrogate improves and the exact KL is <= delta (common/EQUATIONS.md#sec-trpo-iteration, step 5). The critic is fitted
 separately by a few epochs of least-squares regression on the GAE returns (eq. 81).
 
 Compared with its siblings:
@@ -390,7 +390,7 @@ if __name__ == "__main__":
         if args.norm_adv:
             b_advantages = normalize(b_advantages)
 
-        # 3. Policy step in the KL trust region (section 4.6.4, steps 2-6).
+        # 3. Policy step in the KL trust region (the TRPO iteration of common/EQUATIONS.md, steps 2-6).
         dist = agent.get_dist(b_obs)
         with torch.no_grad():
             old_dist = agent.get_dist(b_obs)  # pi_old, held fixed

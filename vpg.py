@@ -1,6 +1,6 @@
-"""VPG: vanilla policy gradient (REINFORCE) with a learned baseline, on gymnasium classic control.
+"""VPG: vanilla policy gradient (REINFORCE, Williams 1992) with a learned baseline, on gymnasium classic control.
 
-Seed 000, sections 3.3-3.4.1. Each iteration collects a batch of experience with the current policy
+Equations: common/EQUATIONS.md#sec-vpg (Williams 1992; Sutton et al. 2000). Each iteration collects a batch of experience with the current policy
 (eq. 37), computes the reward-to-go G_t of every step (eq. 38), and takes ONE gradient step
 
     grad J ~= mean_t[ grad log pi(a_t|s_t) (G_t - V(s_t)) ]       (eq. 39, with the baseline of eq. 42)

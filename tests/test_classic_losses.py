@@ -2,7 +2,7 @@
 
 The relations: PPO inside the clip band = -TRPO surrogate; grad PPO = grad VPG at ratio 1; compute_gae is the
 same in every file and matches a hand-computed example with a truncation and a termination; conjugate
-gradient solves an SPD system; log-probs and entropies match their closed forms; the seed's clip example.
+gradient solves an SPD system; log-probs and entropies match their closed forms; the worked clip example.
 """
 import importlib
 import inspect
@@ -146,7 +146,7 @@ def _grad(loss_fn, logprobs):
 
 def test_ppo_trpo_vpg_a2c_gradients_equal_at_ratio_one():
     # at theta = theta_old the ratio is 1 and grad r = grad log pi: every surrogate gives the
-    # policy gradient -mean(A grad log pi) of eq. (39)/(47) (seed 002, section 5.2)
+    # policy gradient -mean(A grad log pi) of eq. (39)/(47) (common/EQUATIONS.md#sec-ratio-gradient)
     logprobs, old, adv = _batch(seed=3)
     g_vpg = _grad(lambda x: vpg.policy_loss(x, adv), logprobs)
     torch.testing.assert_close(g_vpg, -adv / len(adv))
@@ -156,7 +156,7 @@ def test_ppo_trpo_vpg_a2c_gradients_equal_at_ratio_one():
 
 
 def test_seed_clip_worked_example():
-    # seed 002, section 5.3: r = 0.5, A = -10, eps = 0.2: min(-5, -8) = -8, and the gradient is 0
+    # the worked clip example (common/EQUATIONS.md#sec-ppo-clip-example): r = 0.5, A = -10, eps = 0.2: min(-5, -8) = -8, and the gradient is 0
     logprob = torch.log(torch.tensor([0.5])).requires_grad_(True)
     loss = ppo.policy_loss(logprob, torch.zeros(1), torch.tensor([-10.0]), 0.2)
     assert loss.item() == pytest.approx(8.0)  # the loss is the negated objective -(-8)
@@ -280,7 +280,7 @@ def test_adam_matches_torch_optim(name):
 
 
 def test_far_off_policy_ratios_stay_finite():
-    """Ratios of exp(±50) and beyond (DESIGN §7): PPO's loss and TRPO's surrogate stay finite, gradients too."""
+    """Ratios of exp(±50) and beyond (numerical edge cases): PPO's loss and TRPO's surrogate stay finite, gradients too."""
     import ppo
     import trpo
 
