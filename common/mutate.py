@@ -647,7 +647,7 @@ def report(mutants: dict, results: dict) -> None:
         counts = [len(ms), 0, 0, 0, 0]
         for m in ms:
             status = results[m.id]
-            reason = EQUIVALENT.get((m.file, m.original_line, m.description))
+            reason = equivalent_reason(m)
             if status == "survived" and reason:
                 counts[4] += 1
             else:
@@ -662,6 +662,15 @@ def report(mutants: dict, results: dict) -> None:
         for m, reason in survivors:
             print(f"  {m.file}:{m.line}  {m.description}  |  {m.original_line[:90]}"
                   + (f"\n      {reason}" if reason else ""))
+
+
+def equivalent_reason(m: Mutant) -> Optional[str]:
+    """The EQUIVALENT entry of a mutant, matched on its file, the code of its line (comments aside) and the mutation."""
+    def code(line):
+        return re.sub(r"\s*#.*$", "", line).strip()
+
+    return next((why for (file, line, description), why in EQUIVALENT.items()
+                 if file == m.file and code(line) == code(m.original_line) and description == m.description), None)
 
 
 def row(name: str, counts: list[int]) -> str:
