@@ -279,6 +279,20 @@ def test_dapo_filler_only_minibatch_takes_no_step_and_leaves_adam_untouched():
 
 # ---------------------------------------------------------------- scoring: π_θold and π_ref at the temperature
 
+def assert_scores(module, model, ref_model, rollout, args, reference):
+    """score_responses gives log π_θold of `model` and log π_ref of `reference`, both computed directly here,
+    and the two differ (so a swapped or shared scoring would show)."""
+    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
+    with torch.no_grad():
+        expected_old = direct_logprobs(model, seq, att, plen, resp)
+        expected_ref = direct_logprobs(reference, seq, att, plen, resp)
+    mask = rollout.mask.bool()
+    torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
+    assert (old - ref)[mask].abs().max() > 1e-2  # policy and reference differ here
+
+
 @pytest.mark.parametrize("name", list(MODULES))
 def test_scoring_uses_the_temperature_and_the_reference_model(name):
     """score_responses (in micro-batches) gives log π_θold of the policy and log π_ref of the reference model,
@@ -293,15 +307,7 @@ def test_scoring_uses_the_temperature_and_the_reference_model(name):
     with torch.no_grad():  # the policy moves after the reference was made
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
-    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
-    with torch.no_grad():
-        expected_old = direct_logprobs(model, seq, att, plen, resp)
-        expected_ref = direct_logprobs(start, seq, att, plen, resp)
-    mask = rollout.mask.bool()
-    torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
-    assert (old - ref)[mask].abs().max() > 1e-2  # policy and reference differ here
+    assert_scores(module, model, ref_model, rollout, args, reference=start)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -355,15 +361,7 @@ def test_lora_reference_is_the_base_model_with_the_adapters_off(name):
         for n, p in model.named_parameters():
             if "lora_B" in n:
                 p.add_(0.3 * torch.randn_like(p))
-    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
-    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
-    with torch.no_grad():
-        expected_ref = direct_logprobs(base, seq, att, plen, resp)
-        expected_old = direct_logprobs(model, seq, att, plen, resp)
-    mask = rollout.mask.bool()
-    torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
-    assert (old - ref)[mask].abs().max() > 1e-2
+    assert_scores(module, model, ref_model, rollout, args, reference=base)
 
 
 def test_response_logits_are_divided_by_the_temperature():
