@@ -1,4 +1,4 @@
-"""The two toy failures behind trust regions, computed exactly and checked by Monte Carlo.
+"""Toy problems computed exactly and checked by sampling: two failures behind trust regions, and a length bias.
 
 Sources: TRPO, J. Schulman, S. Levine, P. Moritz, M. Jordan, P. Abbeel (2015), arXiv:1502.05477, §2-3 (the
 local approximation L_π); S. Kakade, J. Langford (2002), ICML (the performance difference identity).
@@ -17,18 +17,35 @@ The derivations step by step: common/EQUATIONS.md#sec-toy-pathologies.
    variance does not warn you: the variance lives in rare episodes with huge weights, which a finite
    batch seldom contains, so for long horizons the estimate comes out far too small.
 
-Everything is computed exactly first (policy evaluation by a linear solve, enumeration of trajectories
-and of the binomial count of 1-actions), then checked by Monte Carlo, once per --seeds value.
+3. GRPO's 1/|o_i| makes wrong answers longer and right ones shorter, but only if the policy can tell them
+   apart. GRPO (Shao et al. 2024, arXiv:2402.03300) averages each response's token losses, so response i
+   gets (Â_i/|o_i|) ∇log π(o_i), eq. (97) of common/EQUATIONS.md; Dr. GRPO (Liu et al. 2025,
+   arXiv:2503.20783) divides by a constant T_max, eq. (100), and DAPO (Yu et al. 2025, arXiv:2503.14476)
+   by the tokens of the batch, eq. (102). A tabular length policy, with correctness given and the length drawn from softmax logits
+   after right and after wrong answers, shows it: under GRPO a wrong response (Â < 0) is pushed down less
+   the longer it is, a right one (Â > 0) up more the shorter it is. Dr. GRPO's expected gradient is exactly
+   zero, DAPO's tiny (its weight 1/Σ_j L_j barely depends on L_i). If instead one set of logits serves both
+   (length cannot depend on correctness), every method's expected gradient is exactly zero: the Â of a group
+   sum to zero and are independent of the lengths. So the bias needs a policy whose length can follow
+   correctness, which a small language model may never learn (then the lengths only wander).
+
+Examples 1 and 2 are computed exactly first (policy evaluation by a linear solve, enumeration of trajectories
+and of the binomial count of 1-actions), then checked by Monte Carlo, once per --seeds value. Example 3
+computes its expected gradients in closed form and by enumerating every outcome of a small batch, then
+trains the length policy by SGD, once per method and --seeds value.
 
     python -m common.toys                              # writes common/results/lab/toy_pathologies.png
     python -m common.toys --out /tmp/lab --seeds 1 2 3 4 5
+    python -m common.toys length-bias                  # writes common/results/lab/length_bias_toy.png
 
 Only numpy is needed; the figure needs matplotlib (imported lazily).
 """
 
 import argparse
+import itertools
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -151,8 +168,8 @@ def sample_weights(p, q, H, n, rng):
 
 
 # ----------------------------------------------------------------------------------------------------------
-def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
-    """Left: true return and surrogate along π_α. Right: Var[w] vs H, closed form and Monte Carlo."""
+def pyplot():
+    """matplotlib.pyplot with a file backend, imported only when a figure is drawn."""
     try:
         import matplotlib
 
@@ -160,6 +177,20 @@ def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("error: the figure needs matplotlib: pip install matplotlib")
+    return plt
+
+
+def save(fig, path):
+    """Write the figure as PNG, atomically: a reader never sees half a file."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path + ".tmp", format="png", dpi=120)
+    os.replace(path + ".tmp", path)
+    pyplot().close(fig)
+
+
+def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
+    """Left: true return and surrogate along π_α. Right: Var[w] vs H, closed form and Monte Carlo."""
+    plt = pyplot()
 
     def median_and_range(x):  # [seeds, points] -> median, and its distance to min and max for errorbar
         med = np.median(x, 0)
@@ -186,14 +217,12 @@ def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
     right.xaxis.get_major_locator().set_params(integer=True)
     right.legend()
     fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path + ".tmp", format="png", dpi=120)
-    os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
-    plt.close(fig)
+    save(fig, path)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description="Examples 1 and 2: the two toy failures behind trust regions "
+                                     "(example 3: python -m common.toys length-bias --help)")
     parser.add_argument("--out", default=os.path.join("common", "results", "lab"), help="folder for the figure")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one Monte Carlo run per seed")
     parser.add_argument("--episodes", type=int, default=100_000, help="Example 1: episodes per α and seed")
@@ -254,5 +283,274 @@ def main(argv=None):
     return path
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Example 3: the length bias of GRPO's 1/|o_i|. A tabular "length policy": whether a response is right,
+# c ∈ {0 wrong, 1 right}, is given (c ~ Bernoulli(P_RIGHT), the answer is not learned); then its length
+# L ∈ {1, ..., L_max} is drawn from softmax(θ[c]). θ is [2, L_max], one row of logits after a wrong answer
+# and one after a right answer, so the length *can* depend on correctness; θ with a single row is the
+# variant where it cannot (both answers use θ[0]). The reward is c.
+#
+# One categorical log π(L|c) stands for the L per-token decisions "go on / stop here" of a language model;
+# their log-probs sum to log π(L|c). The bias lives in the weight each method puts on a response's token sum,
+# not in how that sum is split over tokens, so the simplification keeps what matters. With N = B·G responses:
+#   GRPO, eq. (97):      loss = −1/N Σ_i (1/L_i) Σ_t Â_i log π_t = −1/N Σ_i (Â_i / L_i)   log π(L_i|c_i)
+#   Dr. GRPO, eq. (100): loss = −1/N Σ_i (1/T_max) Σ_t Â_i log π_t = −1/N Σ_i (Â_i / T_max) log π(L_i|c_i)
+#   DAPO, eq. (102):     loss = −1/(Σ_j L_j) Σ_i Â_i log π(L_i|c_i)
+# with T_max = L_max, and the sum Σ_j L_j over the responses of signal groups, as dapo.py's loss mask does.
+P_RIGHT, L_MAX, GROUP_SIZE, NUM_GROUPS = 0.5, 40, 8, 16
+LENGTH_STEPS, LENGTH_STEP_SIZE = 400, 0.1  # SGD steps, and η: the length of a step in θ-space at the start
+METHODS = ("grpo", "dr_grpo", "dapo")
+
+
+def softmax(theta):
+    """π(L|row) for L = 1 .. L_max: [K, L_max] from logits θ [K, L_max]."""
+    z = np.exp(theta - theta.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def group_advantages(rewards, method):
+    """Â over the last axis (one group), as each file's compute_advantages: the group mean is the baseline;
+    grpo.py and dapo.py then divide by sqrt(population variance + 1e-6), dr_grpo.py does not (eq. 98).
+    With 0/1 rewards a group of equal rewards has a mean equal to them in floating point: its Â is exactly 0."""
+    centred = rewards - rewards.mean(-1, keepdims=True)
+    if method == "dr_grpo":
+        return centred
+    return centred / np.sqrt((centred**2).mean(-1, keepdims=True) + 1e-6)
+
+
+def response_weights(advantages, lengths, method, t_max=L_MAX):
+    """w_i with loss = −Σ_i w_i log π(L_i|c_i), for advantages and lengths [..., B, G] (the formulas above)."""
+    B, G = advantages.shape[-2:]
+    if method == "grpo":
+        return advantages / lengths / (B * G)
+    if method == "dr_grpo":
+        return advantages / t_max / (B * G)
+    # dapo: every token of the batch weighs the same. dapo.py masks groups without signal (all Â = 0) out
+    # of the loss and out of the token count; the floor only keeps a batch of such groups at 0, not NaN.
+    signal = (advantages != 0).any(-1, keepdims=True)  # [..., B, 1]
+    tokens = (lengths * signal).sum((-2, -1), keepdims=True)  # [..., 1, 1]
+    return advantages / np.maximum(tokens, 1e-6)
+
+
+def loss_gradient(theta, right, lengths, method):
+    """∂loss/∂θ, [..., K, L_max], for batches of correctness `right` (0/1) and `lengths` [..., B, G].
+
+    ∂log π(L|row)/∂θ[row] = e_L − π(·|row) (softmax), so ∂loss/∂θ[k] = −Σ_{i: row_i = k} w_i (e_{L_i} − π(·|k)).
+    The leading axes ... hold independent batches: the exact expectations below enumerate them all at once.
+    """
+    K, T_max = theta.shape
+    pi = softmax(theta)
+    rows = right if K == 2 else np.zeros_like(right)  # one row: the length cannot depend on correctness
+    w = response_weights(group_advantages(right.astype(float), method), lengths, method, T_max)  # [..., B, G]
+    score = np.eye(T_max)[lengths - 1] - pi[rows]  # [..., B, G, L_max]
+    return -np.einsum("...bgk,...bgl->...kl", np.eye(K)[rows] * w[..., None], score)
+
+
+def expected_gradient_enumerated(theta, method, p=P_RIGHT, group_size=4, num_groups=1):
+    """E[−∂loss/∂θ] for a batch of B groups, summed over all 2^N correctness patterns and L_max^N lengths of
+    its N = B·G responses, with their probabilities: exact, and independent of the closed forms below
+    (keep N and L_max small: 2^N L_max^N outcomes)."""
+    K, T_max = theta.shape
+    N = num_groups * group_size
+    right = np.array(list(itertools.product((0, 1), repeat=N)))  # [2^N, N]
+    lengths = np.array(list(itertools.product(range(1, T_max + 1), repeat=N)))  # [L_max^N, N]
+    right = np.repeat(right, len(lengths), 0)  # [2^N L_max^N, N]: every (pattern, lengths) pair once
+    lengths = np.tile(lengths, (2**N, 1))
+    pi = softmax(theta)
+    rows = right if K == 2 else np.zeros_like(right)
+    prob = (np.where(right == 1, p, 1 - p) * pi[rows, lengths - 1]).prod(1)  # [outcomes]
+    shape = (len(prob), num_groups, group_size)
+    grads = loss_gradient(theta, right.reshape(shape), lengths.reshape(shape), method)  # [outcomes, K, L_max]
+    return -np.einsum("o,okl->kl", prob, grads)
+
+
+def branch_advantages(method, p=P_RIGHT, group_size=GROUP_SIZE):
+    """a_c = E[1{c_i = c} Â_i] for c = 0, 1, summed over k ~ Binomial(G, p) right answers in the group.
+    a_0 + a_1 = E[Â_i] = 0: the Â of a group sum to 0 and the G responses are exchangeable."""
+    k = np.arange(group_size + 1)
+    prob = np.array([math.comb(group_size, j) for j in k]) * p**k * (1 - p) ** (group_size - k)
+    groups = (np.arange(group_size) < k[:, None]).astype(float)  # [G + 1, G]: row k has k right answers
+    adv = group_advantages(groups, method)  # [G + 1, G]
+    return np.array([(prob * ((1 - groups) * adv).sum(1)).sum(), (prob * (groups * adv).sum(1)).sum()]) / group_size
+
+
+def sum_distribution(pi, n):
+    """Pr(L_1 + ... + L_n = s) for s = 0 .. n L_max, with the L_j independent draws from π (repeated convolution)."""
+    dist = np.array([1.0])
+    for _ in range(n):
+        dist = np.convolve(dist, np.concatenate([[0.0], pi]))
+    return dist
+
+
+def expected_gradient(theta, method, p=P_RIGHT, group_size=GROUP_SIZE, num_groups=NUM_GROUPS):
+    """E[−∂loss/∂θ] in closed form, [K, L_max]: the direction SGD moves θ, on average.
+
+    Given c_i, the length L_i is drawn from π(·|c_i) whatever the other answers, so it is independent of Â_i:
+      GRPO:     a_c E_{L~π_c}[(1/L)(e_L − π_c)]       ≠ 0: 1/L favours short lengths, times the sign of a_c
+      Dr. GRPO: a_c/T_max E_{L~π_c}[e_L − π_c] = 0    the score has mean zero, for every θ
+      DAPO:     N a_c E[(e_L − π_c)/(L + S)]          S the tokens of the other responses that count
+    With one row (length blind to correctness) the row gets Σ_c of these, and a_0 + a_1 = 0 makes it vanish
+    for GRPO and Dr. GRPO; for DAPO too, as π_0 = π_1 there. DAPO's form needs S independent of Â_i, true
+    while both rows are equal (as at the uniform start): otherwise enumerate or sample.
+    """
+    K, T_max = theta.shape
+    pi = softmax(theta)[[0, K - 1]]  # [2, L_max]: π(·|wrong), π(·|right)
+    a = branch_advantages(method, p, group_size)[:, None]  # [2, 1]
+    lengths = np.arange(1, T_max + 1)
+    if method == "grpo":
+        per_branch = a * pi * (1 / lengths - (pi / lengths).sum(1, keepdims=True))
+    elif method == "dr_grpo":
+        per_branch = np.zeros_like(pi)  # a_c/T_max (E_{π_c}[e_L] − π_c) = a_c/T_max (π_c − π_c)
+    else:
+        if not np.allclose(pi[0], pi[1]):
+            raise ValueError("DAPO's closed form needs the same length policy after right and wrong answers")
+        # S_{-i}: the G − 1 others of i's group (it has signal whenever Â_i ≠ 0) and, of each other group,
+        # its G lengths if it has signal (probability q) or nothing.
+        q = 1 - p**group_size - (1 - p) ** group_size
+        group_tokens = q * sum_distribution(pi[0], group_size)
+        group_tokens[0] += 1 - q
+        S = sum_distribution(pi[0], group_size - 1)
+        for _ in range(num_groups - 1):
+            S = np.convolve(S, group_tokens)
+        inv = (S[None, :] / (lengths[:, None] + np.arange(len(S))[None, :])).sum(1)  # [L_max]: E_S[1/(L + S)]
+        N = num_groups * group_size
+        per_branch = N * a * pi * (inv - (pi * inv).sum(1, keepdims=True))
+    return per_branch if K == 2 else per_branch.sum(0, keepdims=True)
+
+
+def mean_length(theta):
+    """E[L|row] = Σ_L L π(L|row), [K]."""
+    return softmax(theta) @ np.arange(1, theta.shape[1] + 1)
+
+
+def mean_length_rate(theta, direction):
+    """d E[L|row] along a step θ + η·direction, per unit η at η = 0: Σ_L direction_L π_L (L − E[L|row]), [K]."""
+    pi = softmax(theta)
+    return (direction * pi * (np.arange(1, theta.shape[1] + 1) - mean_length(theta)[:, None])).sum(1)
+
+
+def sample_batch(theta, rng, p=P_RIGHT, group_size=GROUP_SIZE, num_groups=NUM_GROUPS):
+    """One batch: correctness and lengths, each [B, G] (inverse-CDF sampling of L from its row of π)."""
+    right = (rng.random((num_groups, group_size)) < p).astype(int)
+    rows = right if len(theta) == 2 else np.zeros_like(right)
+    cdf = np.cumsum(softmax(theta), 1)[rows]  # [B, G, L_max]
+    lengths = 1 + (rng.random((num_groups, group_size, 1)) > cdf).sum(-1)
+    return right, np.minimum(lengths, theta.shape[1])  # the min guards against cdf[-1] rounding below 1
+
+
+def step_normaliser(method, rows, rng, num_batches=256):
+    """Mean ‖∂loss/∂θ‖ over batches at the uniform start: each method's learning rate is divided by it.
+
+    The three losses differ in scale by constant factors (1/L_i is 1/T_max = 1/40 only for the longest
+    responses; Dr. GRPO's Â lacks the 1/std, about 2 here). Under SGD a constant factor is just a learning
+    rate, so with one shared rate Dr. GRPO would stay put merely because its steps are ~20x shorter. With
+    this, every method's first steps are equally long (noise included), and only their direction differs.
+    """
+    theta = np.zeros((rows, L_MAX))
+    batches = [sample_batch(theta, rng) for _ in range(num_batches)]
+    right, lengths = (np.stack(x) for x in zip(*batches))  # [batches, B, G]
+    return np.linalg.norm(loss_gradient(theta, right, lengths, method), axis=(1, 2)).mean()
+
+
+def train_length_policy(method, rows, steps, lr, rng):
+    """Plain SGD from the uniform policy; E[L|wrong] and E[L|right] under π_θ at steps 0 .. steps, [steps + 1, 2].
+
+    SGD, not Adam: with SGD the expected step is −lr · E[∂loss/∂θ], so the exact expected gradients above
+    predict the drift; Adam divides each coordinate by its own running gradient size, which turns a zero-mean
+    gradient (Dr. GRPO) into steps as large as anyone's and bends the direction of a biased one. The lengths
+    are the policy's exact means, not the sampled ones, so the curves carry no sampling noise of their own.
+    """
+    theta = np.zeros((rows, L_MAX))
+    lengths = [mean_length(theta)[[0, rows - 1]]]
+    for _ in range(steps):
+        right, L = sample_batch(theta, rng)
+        theta -= lr * loss_gradient(theta, right, L, method)
+        lengths.append(mean_length(theta)[[0, rows - 1]])
+    return np.array(lengths)
+
+
+# The arms of the simulation: (label, method, rows of θ).
+LENGTH_ARMS = [("grpo", "grpo", 2), ("dr_grpo", "dr_grpo", 2), ("dapo", "dapo", 2),
+               ("grpo, length cannot depend on correctness", "grpo", 1)]
+
+
+def plot_length_bias(path, curves):
+    """Mean length of wrong (left) and right (right) responses vs step: median over seeds, min-max band."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for (label, _, rows), color in zip(LENGTH_ARMS, ["C0", "C1", "C2", "k"]):
+        runs = curves[label]  # [seeds, steps + 1, 2]
+        x = np.arange(runs.shape[1])
+        for branch, ax in enumerate(axes):  # branch 0 (wrong) left, 1 (right) right
+            ax.plot(x, np.median(runs[:, :, branch], 0), color=color, ls="--" if rows == 1 else "-", label=label)
+            ax.fill_between(x, runs[:, :, branch].min(0), runs[:, :, branch].max(0), color=color, alpha=0.15, lw=0)
+    axes[0].set(xlabel="SGD step", ylabel="mean length E[L | c] under π_θ", title="wrong responses (Â < 0)")
+    axes[1].set(xlabel="SGD step", title="right responses (Â > 0)")
+    axes[0].legend(fontsize="small")
+    fig.suptitle(f"Length policy, p(right) = {P_RIGHT}, {NUM_GROUPS} groups of {GROUP_SIZE}: "
+                 "median over seeds, band min-max", fontsize=10)
+    fig.tight_layout()
+    save(fig, path)
+
+
+def length_bias_main(argv=None):
+    parser = argparse.ArgumentParser(description="Example 3: the length bias of GRPO's 1/|o_i| weighting")
+    parser.add_argument("--out", default=os.path.join("common", "results", "lab"), help="folder for the figure")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one SGD run per arm and seed")
+    parser.add_argument("--steps", type=int, default=LENGTH_STEPS, help="SGD steps per run")
+    parser.add_argument("--step-size", type=float, default=LENGTH_STEP_SIZE,
+                        help="η: each method's learning rate is η / (its mean gradient norm at the start)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}")
+    seeds = " ".join(map(str, args.seeds))
+    theta0, shared0 = np.zeros((2, L_MAX)), np.zeros((1, L_MAX))
+    print(f"Example 3: length policy, p(right) = {P_RIGHT}, L = 1 .. {L_MAX}, {NUM_GROUPS} groups of G = {GROUP_SIZE}, "
+          f"uniform start (E[L] = {mean_length(theta0)[0]:.1f})")
+    print("  exact expected gradient of the objective, E[−∂loss/∂θ], at the start; dE[L]/dη: first-order change of")
+    print("  the mean length along it; per step: that times each method's learning rate (its step normaliser)")
+    print("    method     row      a_c = E[1{c}Â]   ∂/∂θ[L=1]     ∂/∂θ[L=40]    dE[L]/dη      per step")
+    lrs = {}
+    for label, method, rows in LENGTH_ARMS:
+        lrs[label] = args.step_size / step_normaliser(method, rows, np.random.default_rng(0))
+        theta = theta0 if rows == 2 else shared0
+        g = expected_gradient(theta, method)
+        a = branch_advantages(method) if rows == 2 else [branch_advantages(method).sum()]
+        names = ["wrong", "right"] if rows == 2 else ["shared"]
+        for row, name in enumerate(names):
+            rate = mean_length_rate(theta, g)[row]
+            print(f"    {method if rows == 2 else method + '*':9}  {name:7}  {a[row]:+14.6f}   {g[row, 0]:+.4e}   "
+                  f"{g[row, -1]:+.4e}   {rate:+.4e}   {rate * lrs[label]:+.3e}")
+    print("    (* one row: the length cannot depend on correctness; a_c is then a_0 + a_1)")
+    small = np.random.default_rng(0).normal(size=(2, 5))
+    print("  exact enumeration, one group of G = 4, L = 1 .. 5, random θ: max |E[−∂loss/∂θ]|")
+    for method in METHODS:
+        blind = np.abs(expected_gradient_enumerated(small[:1], method)).max()
+        can_tell = np.abs(expected_gradient_enumerated(small, method)).max()
+        print(f"    {method:8}  length can depend on correctness: {can_tell:.3e}   cannot: {blind:.1e}")
+
+    curves = {}
+    for label, method, rows in LENGTH_ARMS:
+        curves[label] = np.stack([train_length_policy(method, rows, args.steps, lrs[label], np.random.default_rng(seed))
+                                  for seed in args.seeds])  # [seeds, steps + 1, 2]
+    print("  (with one row the expected gradient is zero at every θ, not only at the start; GRPO's 1/L still makes")
+    print("  the logits of short lengths the noisiest, so single runs of that arm can wander far, mostly shorter)")
+    print(f"  SGD, {args.steps} steps, η = {args.step_size}, seeds {seeds}: E[L|c] at the start and the end, "
+          "median [min, max]")
+    for label, _, _ in LENGTH_ARMS:
+        start, end = curves[label][:, 0], curves[label][:, -1]  # [seeds, 2]
+        wrong, right = (f"{np.median(start[:, c]):4.1f} -> {np.median(end[:, c]):5.2f} "
+                        f"[{end[:, c].min():5.2f}, {end[:, c].max():5.2f}]" for c in (0, 1))
+        print(f"    {label:42}  lr {lrs[label]:9.4g}   wrong {wrong}   right {right}")
+
+    path = os.path.join(args.out, "length_bias_toy.png")
+    plot_length_bias(path, curves)
+    print(f"\nwrote {path}")
+    return path
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["length-bias"]:
+        length_bias_main(sys.argv[2:])
+    else:
+        main()

@@ -94,3 +94,86 @@ def test_main_prints_the_numbers_and_writes_the_figure(tmp_path, capsys):
     out = capsys.readouterr().out
     assert path == str(tmp_path / "toy_pathologies.png") and (tmp_path / "toy_pathologies.png").stat().st_size > 0
     assert "8.091e-05" in out and "+0.799938" in out and "-90.00008091" in out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Example 3: the length bias of GRPO's 1/|o_i| (a tabular length policy; row 0 after wrong, row 1 after right)
+
+
+def test_advantages_follow_the_files():
+    rewards = np.array([1.0, 0.0, 0.0, 0.0])
+    centred = rewards - 0.25
+    assert np.allclose(toys.group_advantages(rewards, "grpo"), centred / math.sqrt(0.1875 + 1e-6), rtol=1e-15)
+    assert np.allclose(toys.group_advantages(rewards, "dapo"), centred / math.sqrt(0.1875 + 1e-6), rtol=1e-15)
+    assert np.allclose(toys.group_advantages(rewards, "dr_grpo"), centred, rtol=1e-15)
+    for method in toys.METHODS:  # a group of equal rewards has no signal, exactly
+        assert np.all(toys.group_advantages(np.ones(8), method) == 0)
+        assert np.all(toys.group_advantages(np.zeros(8), method) == 0)
+
+
+def test_grpo_expected_gradient_lengthens_wrong_and_shortens_right():
+    theta = np.zeros((2, toys.L_MAX))  # the uniform start, L = 1 .. 40, 16 groups of 8, p = 0.5
+    g = toys.expected_gradient(theta, "grpo")
+    a = toys.branch_advantages("grpo")
+    assert a[1] == pytest.approx(-a[0]) and a[1] > 0.4
+    rate = toys.mean_length_rate(theta, g)
+    assert rate[0] > 0.01 and rate[1] < -0.01  # wrong responses grow longer, right ones shorter
+    assert g[1, 0] > 0 > g[0, 0]  # θ[right, L=1] pushed up, θ[wrong, L=1] down
+    # right row: up exactly where 1/L beats its mean E[1/L] = H_40/40, i.e. for L <= 9; the wrong row mirrors it
+    lengths = np.arange(1, toys.L_MAX + 1)
+    assert np.array_equal(g[1] > 0, lengths <= 9) and np.allclose(g[0], -g[1], rtol=1e-12)
+
+
+@pytest.mark.parametrize("method", toys.METHODS)
+def test_closed_form_matches_exact_enumeration(method):
+    rng = np.random.default_rng(0)
+    # rows that differ (length follows correctness) for GRPO and Dr. GRPO; DAPO's form needs equal rows
+    theta = rng.normal(size=(2, 3)) if method != "dapo" else rng.normal(size=(1, 3)).repeat(2, 0)
+    # the last case, B = 2 groups of G = 2: half the groups lack signal, which DAPO's token count must skip
+    for p, group_size, num_groups in [(0.5, 4, 1), (0.3, 3, 1), (0.5, 2, 2)]:
+        exact = toys.expected_gradient_enumerated(theta, method, p, group_size, num_groups)
+        closed = toys.expected_gradient(theta, method, p, group_size, num_groups)
+        assert np.allclose(exact, closed, rtol=1e-9, atol=1e-15), (p, group_size, num_groups, exact, closed)
+        if method != "dr_grpo":
+            assert np.abs(exact).max() > 1e-3  # a bias, and one the enumeration does see
+
+
+def test_dr_grpo_expected_gradient_is_exactly_zero_for_every_policy():
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        theta = rng.normal(size=(2, 4))
+        assert np.abs(toys.expected_gradient_enumerated(theta, "dr_grpo", 0.4, 4)).max() < 1e-15
+
+
+@pytest.mark.parametrize("method", toys.METHODS)
+def test_no_expected_gradient_when_length_cannot_depend_on_correctness(method):
+    theta = np.random.default_rng(2).normal(size=(1, 5))  # one row of logits for right and wrong: G = 4, L = 1 .. 5
+    assert np.abs(toys.expected_gradient_enumerated(theta, method, 0.5, 4)).max() < 1e-15
+    assert np.abs(toys.expected_gradient_enumerated(theta, method, 0.3, 2, 2)).max() < 1e-15
+    assert np.abs(toys.expected_gradient(np.zeros((1, toys.L_MAX)), method)).max() < 1e-15
+
+
+def test_dapo_bias_has_grpos_sign_but_is_tiny():
+    theta = np.zeros((2, toys.L_MAX))
+    grpo = toys.mean_length_rate(theta, toys.expected_gradient(theta, "grpo"))
+    dapo = toys.mean_length_rate(theta, toys.expected_gradient(theta, "dapo"))
+    assert np.all(0 < dapo / grpo) and np.all(dapo / grpo < 0.01), dapo / grpo
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sgd_grpo_lengthens_wrong_shortens_right_and_dr_grpo_stays(seed):
+    steps = 200
+    ends = {}
+    for method in ("grpo", "dr_grpo"):
+        lr = toys.LENGTH_STEP_SIZE / toys.step_normaliser(method, 2, np.random.default_rng(0))
+        ends[method] = toys.train_length_policy(method, 2, steps, lr, np.random.default_rng(seed))[-1]  # [wrong, right]
+    assert ends["grpo"][0] > 23 and ends["grpo"][1] < 2, ends["grpo"]
+    assert np.all(np.abs(ends["dr_grpo"] - 20.5) < 1.0), ends["dr_grpo"]
+
+
+def test_length_bias_main_prints_the_numbers_and_writes_the_figure(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = toys.length_bias_main(["--out", str(tmp_path), "--seeds", "1", "--steps", "5"])
+    out = capsys.readouterr().out
+    assert path == str(tmp_path / "length_bias_toy.png") and (tmp_path / "length_bias_toy.png").stat().st_size > 0
+    assert "-0.463913" in out and "+1.3833e-02" in out and "+2.9420e-05" in out
