@@ -65,6 +65,14 @@ run and every method is evaluated on the same questions.
    response; it scores 1.0 when it equals the target numerically ("72.0" == "72", "1,234" == "1234").
    Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's calculator
    notes "<<48/2=24>>" removed), else the bare number. default_few_shot = 2 (reasoning is long).
+4. Reverse: "reverse"
+   Prompt "reverse 48213=", target "31284": 3 to 6 digits (the count uniform, each digit uniform, leading
+   zeros allowed: it is a string, not a number). The split hashes the digit string.
+   Reward: the first run of digits in the response equals the target, so anything after the answer
+   is ignored ("31284 ......" scores 1.0, "3128 4" scores 0). The embedded long model
+   (common/long_model) answers and then hesitates: it writes a space and a random number of dots
+   after the answer; the reward never reads them, so the length of a response does not decide whether
+   it is right. Demonstration: the bare answer. default_few_shot = 3.
 """
 
 import hashlib
@@ -456,16 +464,51 @@ class JsonlTask:
         return 1.0 if _to_fraction(answer) == _to_fraction(target) else 0.0
 
 
+# ---------------------------------------------------------------- 4. reverse
+
+_FIRST_DIGITS = re.compile(r"\d+")
+
+
+class Reverse:
+    """`reverse 48213=` → "31284": a string of 3 to 6 digits, written backwards."""
+
+    name = "reverse"
+    instruction = "Write the digits in reverse order."
+    default_few_shot = 3
+
+    def __init__(self, min_digits: int = 3, max_digits: int = 6):
+        self.min_digits, self.max_digits = min_digits, max_digits
+
+    def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
+        _check_split(split)
+        out = []
+        while len(out) < n:
+            digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits)))
+            if (_hash_unit("reverse " + digits) < TEST_FRACTION) == (split == "test"):
+                out.append((f"reverse {digits}=", digits[::-1]))
+        return out
+
+    def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
+        return self.prompts(k, rng, split="train")  # the target is already a complete response
+
+    @staticmethod
+    def reward(response_text: str, target: str) -> float:
+        first = _FIRST_DIGITS.search(response_text)
+        return 1.0 if first is not None and first.group() == target else 0.0
+
+
 # ---------------------------------------------------------------- the registry
 
 # The names `--task` accepts besides a .jsonl path. The embedded tiny model (common/tiny_model) was
 # pretrained on "addition" only: it knows neither "subtraction" nor "multiplication" (with so little
 # signal, RL cannot teach them), nor "countdown"; those are there for real models (`--model ...`).
+# The embedded long model (common/long_model) was pretrained on "reverse" only.
 TASKS = {
     "addition": Arithmetic("+", max_digits=3, name="addition"),
     "subtraction": Arithmetic("-", max_digits=3, name="subtraction"),
     "multiplication": Arithmetic("*", max_digits=2, name="multiplication"),
     "countdown": Countdown(),
+    "reverse": Reverse(),
 }
 
 

@@ -32,6 +32,11 @@ def arithmetic_target(prompt: str) -> str:
     return str({"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op])
 
 
+def reverse_target(prompt: str) -> str:
+    (digits,) = re.fullmatch(r"reverse (\d+)=", prompt).groups()
+    return "".join(reversed(digits))
+
+
 def write_jsonl(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return str(path)
@@ -99,6 +104,8 @@ def test_every_demonstration_earns_its_reward(name):
         lookup = countdown_target
     elif name == EXAMPLE:
         lookup = {q: t for records in task.splits.values() for q, t, _ in records}.get
+    elif name == "reverse":
+        lookup = reverse_target
     else:
         lookup = arithmetic_target
     examples = task.examples(50, random.Random(5))
@@ -114,6 +121,33 @@ def test_arithmetic_prompts_are_bare():
         assert target == str(int(a) + int(b))
     assert TASKS["addition"].reward("The answer is 85.", "85") == 1.0
     assert TASKS["addition"].reward("84", "85") == 0.0
+
+
+def test_reverse_prompts():
+    # "reverse 48213=" -> "31284": 3 to 6 digits, every count and leading zeros occur, the target is the string backwards.
+    pairs = TASKS["reverse"].prompts(2000, random.Random(0))
+    counts = {n: 0 for n in range(3, 7)}
+    for prompt, target in pairs:
+        (digits,) = re.fullmatch(r"reverse (\d{3,6})=", prompt).groups()
+        assert target == digits[::-1]
+        counts[len(digits)] += 1
+    assert all(400 < c < 600 for c in counts.values()), counts  # the digit count is uniform
+    assert any(t.startswith("0") for _, t in pairs) and any(t.endswith("0") for _, t in pairs)
+
+
+@pytest.mark.parametrize("response, expected", [
+    ("31284", 1.0), ("31284 ", 1.0), ("31284 .", 1.0), ("31284 " + "." * 40, 1.0),  # the hesitation is never read
+    ("31284.....", 1.0), ("The answer: 31284, sure", 1.0),
+    ("3128 4", 0.0), ("312845", 0.0), ("031284", 0.0), ("48213", 0.0), ("", 0.0), ("  ....", 0.0),
+    (". 31284", 1.0), ("1 31284", 0.0),  # the first run of digits is the answer
+])
+def test_reverse_reward(response, expected):
+    assert TASKS["reverse"].reward(response, "31284") == expected
+
+
+def test_reverse_reward_keeps_leading_zeros():
+    assert TASKS["reverse"].reward("0120 ..", "0120") == 1.0
+    assert TASKS["reverse"].reward("120", "0120") == 0.0
 
 
 # ---------------------------------------------------------------- countdown: generation
@@ -357,7 +391,7 @@ def test_get_task_names_and_errors(tmp_path):
     with pytest.raises(ValueError) as error:
         get_task("countdwn")
     assert str(error.value) == (
-        "--task must be one of addition, subtraction, multiplication, countdown or the path of a .jsonl file, "
+        "--task must be one of addition, subtraction, multiplication, countdown, reverse or the path of a .jsonl file, "
         "got 'countdwn'"
     )
     with pytest.raises(ValueError, match=r"^--task file not found: .*missing\.jsonl$"):
