@@ -60,10 +60,10 @@ class Args:
     """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
     task: str = "addition"
     """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
-    countdown, or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    countdown, reverse (for common/long_model), or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
     few_shot: Optional[int] = None
     """base models (no chat template): solved training examples shown before each question, and the response ends
-    where the answer does; default: the task's (2-3), 0 for the embedded model (trained on bare questions)"""
+    where the answer does; default: the task's (2-3), 0 for the embedded models (trained on bare questions)"""
     system_prompt: Optional[str] = None
     """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
     # Sampling
@@ -623,8 +623,8 @@ if __name__ == "__main__":
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
-    if args.few_shot is None:  # the embedded model was trained on bare questions; other base models get examples
-        args.few_shot = 0 if model_path == os.path.join(HERE, "common", "tiny_model") else task.default_few_shot
+    if args.few_shot is None:  # the embedded models (common/*_model) read bare questions; other base models get examples
+        args.few_shot = 0 if os.path.dirname(model_path) == os.path.join(HERE, "common") else task.default_few_shot
     texts = format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args)
     longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
     if longest + args.max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
@@ -685,9 +685,13 @@ if __name__ == "__main__":
 
         # Log at x = iterations done: means over all processes, written by process 0 (the same tags in every group script).
         iteration_seconds = time.time() - iteration_start
+        lengths, right = mask.sum(dim=1).float(), (rewards == 1).float()
         logged = {
             "charts/reward": rewards.mean().item(),
-            "charts/response_length": mask.sum(dim=1).mean().item(),
+            "charts/response_length": lengths.mean().item(),
+            "charts/right_response_length": ((lengths * right).sum() / right.sum().clamp(min=1)).item(),  # 0 if none
+            "charts/wrong_response_length": ((lengths * (1 - right)).sum() / (1 - right).sum().clamp(min=1)).item(),
+            "charts/zero_signal_fraction": (rewards.view(-1, args.group_size).std(dim=1) == 0).float().mean().item(),
             "charts/truncated_fraction": truncated.float().mean().item(),
             "charts/tokens_per_second": mask.sum().item() / iteration_seconds * world_size,
             "charts/samples_per_second": batch_size / iteration_seconds * world_size,
