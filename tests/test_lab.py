@@ -1,0 +1,174 @@
+"""The lab (common/lab.py), its model (common/long_model) and the script that makes it."""
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from common import lab, make_long_model
+from common.tasks import EVAL_SEED, TASKS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LONG_MODEL = os.path.join(ROOT, "common", "long_model")
+
+
+# ---------------------------------------------------------------- the long model
+
+@pytest.fixture(scope="module")
+def long_model_samples():
+    """200 held-out prompts, one response each at temperature 1, and the greedy responses."""
+    tokenizer = AutoTokenizer.from_pretrained(LONG_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(LONG_MODEL).eval()
+    pairs = TASKS["reverse"].prompts(200, random.Random(EVAL_SEED), split="test")
+    enc = tokenizer([p for p, _ in pairs], return_tensors="pt", padding=True)
+    out = {}
+    torch.manual_seed(0)
+    for name, sample in (("sampled", True), ("greedy", False)):
+        with torch.no_grad():
+            ids = model.generate(**enc, do_sample=sample, top_k=0 if sample else None, temperature=1.0 if sample else None,
+                                 max_new_tokens=64, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+        out[name] = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return pairs, out
+
+
+def test_long_model_is_small_and_loads_like_any_model():
+    size = sum(os.path.getsize(os.path.join(LONG_MODEL, f)) for f in os.listdir(LONG_MODEL))
+    assert size < 5 * 2**20
+    config = AutoModelForCausalLM.from_pretrained(LONG_MODEL).config
+    assert config.model_type == "gpt2" and config.n_positions >= 15 + 64  # the longest prompt + the lab's --max-new-tokens
+
+
+def test_long_model_answers_then_hesitates(long_model_samples):
+    pairs, out = long_model_samples
+    reward = TASKS["reverse"].reward
+    sampled = [reward(t, target) for t, (_, target) in zip(out["sampled"], pairs)]
+    greedy = [reward(t, target) for t, (_, target) in zip(out["greedy"], pairs)]
+    # Room for RL: the greedy answer is usually right, a sampled one often is not.
+    assert 0.3 < statistics.fmean(sampled) < 0.8 and statistics.fmean(greedy) > 0.9
+    # Every response is digits, then nothing or a space and dots.
+    assert sum(bool(re.fullmatch(r"\d{3,6}( \.+)?", t)) for t in out["sampled"]) >= 190
+    # Long and varied: tokens = characters + EOS, 4 to 48 of them, spread over tens of tokens.
+    lengths = [len(t) + 1 for t in out["sampled"]]
+    assert 18 < statistics.fmean(lengths) < 35 and statistics.stdev(lengths) > 8 and max(lengths) >= 40
+
+
+def test_long_model_length_does_not_track_correctness(long_model_samples):
+    # Before RL, right and wrong answers are followed by hesitations of the same length distribution:
+    # whatever link between length and correctness the lab shows, RL made it.
+    pairs, out = long_model_samples
+    right = [len(t) for t, (_, target) in zip(out["sampled"], pairs) if TASKS["reverse"].reward(t, target)]
+    wrong = [len(t) for t, (_, target) in zip(out["sampled"], pairs) if not TASKS["reverse"].reward(t, target)]
+    assert len(right) > 40 and len(wrong) > 40
+    assert abs(statistics.fmean(right) - statistics.fmean(wrong)) < 5  # the std of each mean is about 1.8
+
+
+def test_make_long_model_refuses_an_existing_folder(tmp_path):
+    out = tmp_path / "model"
+    out.mkdir()
+    with pytest.raises(SystemExit) as exc:
+        make_long_model.main(["--out", str(out)])
+    assert str(exc.value.code).startswith(f"error: --out {out} already exists") and "--overwrite" in str(exc.value.code)
+
+
+def test_make_long_model_hesitation_is_uniform():
+    rng = random.Random(0)
+    counts = [len(make_long_model.hesitation(rng, 40).lstrip(" ")) for _ in range(41_000)]
+    assert min(counts) == 0 and max(counts) == 40
+    assert all(800 < counts.count(k) < 1200 for k in range(41))
+    assert all(h == "" or re.fullmatch(r" \.+", h) for h in (make_long_model.hesitation(rng, 40) for _ in range(200)))
+
+
+# ---------------------------------------------------------------- the lab's arithmetic on logs
+
+def fake_run(rewards, tag_values, accuracy=None):
+    """Scalars of one run as the lab reads them: {tag: [(step, value), ...]}, steps from 1."""
+    scalars = {"charts/reward": list(enumerate(rewards, start=1))}
+    for tag, values in tag_values.items():
+        scalars[tag] = list(enumerate(values, start=1))
+    if accuracy is not None:
+        scalars["charts/accuracy"] = accuracy
+    return scalars
+
+
+def test_band_is_median_and_range_over_seeds():
+    runs = [fake_run([0.5] * 3, {"x": values}) for values in ([1, 2, 3], [4, 5, 6], [10, 20, 30])]
+    steps, med, low, high = lab.band(runs, "x", window=1)
+    assert steps == [1, 2, 3] and med == [4, 5, 6] and low == [1, 2, 3] and high == [10, 20, 30]
+    # smoothing is a trailing moving average, applied per seed before the median
+    _, med, _, _ = lab.band(runs, "x", window=2)
+    assert med == [4, 4.5, 5.5]
+
+
+def test_band_drops_iterations_without_wrong_responses():
+    # reward 1.0 at iteration 2: no wrong response, so its logged wrong length (0) is not a length
+    runs = [fake_run([0.5, 1.0, 0.5], {"charts/wrong_response_length": [10, 0, 30]})] * 3
+    steps, med, _, _ = lab.band(runs, "charts/wrong_response_length", window=1, keep=lab.has_wrong)
+    assert steps == [1, 3] and med == [10, 30]
+    assert lab.window_mean(runs[0], "charts/wrong_response_length", first=2, keep=lab.has_wrong) == 20
+
+
+def test_key_numbers_of_length_bias():
+    accuracy = [(0, 0.5), (10, 0.6), (20, 0.7), (30, 0.8)]
+    runs = [fake_run([0.5] * 20, {"charts/wrong_response_length": [10] * 5 + [20] * 15,
+                                  "charts/right_response_length": [30 - seed] * 20}, accuracy) for seed in range(3)]
+    rows = {(label, quantity): value for label, quantity, value in lab.key_numbers("length-bias", {"grpo": runs})}
+    assert rows[("grpo", "wrong-response length, first 5 iterations")] == "10 [10, 10]"
+    assert rows[("grpo", "wrong-response length, last 10 iterations")] == "20 [20, 20]"
+    assert rows[("grpo", "right-response length, last 10 iterations")] == "29 [28, 30]"
+    assert rows[("grpo", "held-out accuracy, end (mean of last 3 evaluations)")] == "0.7 [0.7, 0.7]"
+
+
+def test_dynamic_sampling_counts_every_generated_response():
+    # DAPO logs its sampling rounds: 3 rounds of B x G = 16 x 8 responses is 384; GRPO generates one round
+    dapo = fake_run([0.5, 0.5], {"charts/sampling_rounds": [3, 1]})
+    grpo = fake_run([0.5, 0.5], {})
+    assert [lab.samples_per_iteration(dapo, s) for s in (1, 2)] == [384, 128]
+    assert lab.samples_per_iteration(grpo, 1) == 128
+
+
+def test_arm_flags_replace_the_number_of_iterations():
+    exp = lab.EXPERIMENTS["length-bias"]
+    flags = lab.arm_flags(exp, [], num_iterations=7)
+    assert flags.count("--num-iterations") == 1 and flags[flags.index("--num-iterations") + 1] == "7"
+    assert lab.arm_flags(exp, [])[lab.arm_flags(exp, []).index("--num-iterations") + 1] == "80"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["length-bias", "--parallel", "0"], "--parallel must be >= 1"),
+    (["length-bias", "--num-iterations", "0"], "--num-iterations must be >= 1"),
+    (["length-bias", "--parallel", "2", "--cores", "0"], "--cores needs at least --parallel"),
+    (["entropy"], "invalid choice"),
+])
+def test_bad_arguments_get_one_line(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        lab.main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_an_experiment_runs_end_to_end(tmp_path):
+    # Two iterations per run, one seed: the whole path (subprocesses, logs, report, figure) in ~30 s.
+    pytest.importorskip("matplotlib")
+    proc = subprocess.run([sys.executable, "-m", "common.lab", "dynamic-sampling", "--seeds", "1", "--num-iterations", "2",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = (tmp_path / "dynamic-sampling.md").read_text()
+    assert "python grpo.py --seed N" in report and "python dapo.py --seed N" in report and "--num-iterations 2" in report
+    assert re.search(r"\| dapo \| responses generated in the run \| [\d,]+ \[", report)
+    assert (tmp_path / "dynamic-sampling.png").read_bytes()[:4] == b"\x89PNG"
+    # The group files' new tags are consistent: the mean length is the reward-weighted mean of the right and the
+    # wrong responses' lengths (grpo's reward is the accuracy), and shares are shares.
+    (grpo,) = json.loads((tmp_path / "dynamic-sampling.json").read_text())["results"]["grpo"]
+    for step, reward in grpo["charts/reward"]:
+        right, wrong, length = (lab.at(grpo, f"charts/{kind}response_length", step) for kind in ("right_", "wrong_", ""))
+        assert reward * right + (1 - reward) * wrong == pytest.approx(length, rel=1e-4)
+        assert 0 <= lab.at(grpo, "charts/zero_signal_fraction", step) <= 1
+    # --replot redraws from the saved curves without running anything
+    (tmp_path / "dynamic-sampling.png").unlink()
+    lab.main(["dynamic-sampling", "--replot", "--out", str(tmp_path)])
+    assert (tmp_path / "dynamic-sampling.png").exists()
