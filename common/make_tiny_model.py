@@ -44,8 +44,8 @@ CHARS = list("0123456789+-*= ")
 PRETRAIN_TASKS = ["addition"]
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+def build_tokenizer(chars=CHARS) -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + chars)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     tok.decoder = decoders.Fuse()
@@ -71,6 +71,12 @@ def make_batch(tokenizer, n: int, rng: random.Random, wrong_fraction: float):
         answer = corrupt(target, rng) if rng.random() < wrong_fraction else target
         prompt_ids.append(tokenizer.encode(prompt))
         answer_ids.append(tokenizer.encode(answer) + [tokenizer.eos_token_id])
+    return left_pad(tokenizer, prompt_ids, answer_ids)
+
+
+def left_pad(tokenizer, prompt_ids: list, answer_ids: list):
+    """Token lists -> left-padded input_ids, attention_mask, and labels on the answer tokens only (-100 elsewhere)."""
+    n = len(prompt_ids)
     width = max(len(p) + len(a) for p, a in zip(prompt_ids, answer_ids))
     input_ids = torch.full((n, width), tokenizer.pad_token_id)
     labels = torch.full((n, width), -100)
@@ -98,42 +104,47 @@ def accuracy(model, tokenizer, task_name: str, n: int, do_sample: bool, seed: in
     return sum(task.reward(t, target) for t, (_, target) in zip(texts, pairs)) / n
 
 
-def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m common.make_tiny_model", description=__doc__.split("\n")[0],
+def parser(name: str, doc: str, steps: int, batch_size: int) -> argparse.ArgumentParser:
+    """The flags of a make_*_model script (this one and make_long_model.py); --out defaults to runs/<name>."""
+    p = argparse.ArgumentParser(prog=f"python -m common.make_{name}", description=doc.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default=os.path.join("runs", "tiny_model"),
-                   help="output folder (the shipped model is common/tiny_model)")
+    p.add_argument("--out", default=os.path.join("runs", name), help=f"output folder (the shipped model is common/{name})")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
     p.add_argument("--seed", type=int, default=0, help="seeds data, init and sampling")
-    p.add_argument("--steps", type=int, default=10000, help="optimiser steps")
-    p.add_argument("--batch-size", type=int, default=128, help="sequences per step")
+    p.add_argument("--steps", type=int, default=steps, help="optimiser steps")
+    p.add_argument("--batch-size", type=int, default=batch_size, help="sequences per step")
     p.add_argument("--lr", type=float, default=3e-3, help="peak AdamW learning rate (cosine decay)")
     p.add_argument("--wrong-fraction", type=float, default=0.5, help="share of deliberately wrong answers")
-    args = p.parse_args(argv)
+    return p
+
+
+def setup(args, n_positions: int, chars=CHARS):
+    """Refuse an existing --out, seed everything, and build the tokenizer and a fresh 2-layer GPT-2."""
     if os.path.exists(args.out) and not args.overwrite:
         raise SystemExit(f"error: --out {args.out} already exists (choose another folder, or add --overwrite)")
-
     torch.set_num_threads(1)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    rng = random.Random(args.seed)
-
-    tokenizer = build_tokenizer()
+    tokenizer = build_tokenizer(chars)
     config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=64, n_embd=128, n_layer=2, n_head=4,
+        vocab_size=len(tokenizer), n_positions=n_positions, n_embd=128, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )
     model = GPT2LMHeadModel(config)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")
+    return tokenizer, model
+
+
+def train(model, args, next_batch, report, report_every: int):
+    """AdamW with 200 warm-up steps and cosine decay on next_batch() -> (input_ids, attention_mask, labels);
+    report(step, loss) every report_every steps and at the last one (in eval mode)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 200
     schedule = lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-
-    start = time.time()
     for step in range(args.steps):
-        input_ids, attention_mask, labels = make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction)
+        input_ids, attention_mask, labels = next_batch()
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
         loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
@@ -142,20 +153,35 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
-        if step % 1000 == 0 or step == args.steps - 1:
+        if step % report_every == 0 or step == args.steps - 1:
             model.eval()
-            accs = {t: (accuracy(model, tokenizer, t, 200, True), accuracy(model, tokenizer, t, 200, False)) for t in PRETRAIN_TASKS}
+            report(step, loss.item())
             model.train()
-            accs_text = "  ".join(f"{t}: sampled {s:.2f} greedy {g:.2f}" for t, (s, g) in accs.items())
-            print(f"step {step:6d}  loss {loss.item():.3f}  {accs_text}  {time.time() - start:.0f}s", flush=True)
 
-    # Write to a temporary folder, then rename: an interrupted run never leaves a half-written model.
-    tmp = args.out + ".tmp"
+
+def save(model, tokenizer, out: str):
+    """Write to a temporary folder, then rename: an interrupted run never leaves a half-written model."""
+    tmp = out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    shutil.rmtree(args.out, ignore_errors=True)
-    os.replace(tmp, args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
+def main(argv=None):
+    args = parser("tiny_model", __doc__, steps=10000, batch_size=128).parse_args(argv)
+    tokenizer, model = setup(args, n_positions=64)
+    rng = random.Random(args.seed)
+    start = time.time()
+
+    def report(step, loss):
+        accs = {t: (accuracy(model, tokenizer, t, 200, True), accuracy(model, tokenizer, t, 200, False)) for t in PRETRAIN_TASKS}
+        accs_text = "  ".join(f"{t}: sampled {s:.2f} greedy {g:.2f}" for t, (s, g) in accs.items())
+        print(f"step {step:6d}  loss {loss:.3f}  {accs_text}  {time.time() - start:.0f}s", flush=True)
+
+    train(model, args, lambda: make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction), report, report_every=1000)
+    save(model, tokenizer, args.out)
     print(f"saved to {args.out}; use it with: python grpo.py --model {args.out}")
 
 
