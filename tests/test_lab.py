@@ -172,3 +172,18 @@ def test_an_experiment_runs_end_to_end(tmp_path):
     (tmp_path / "dynamic-sampling.png").unlink()
     lab.main(["dynamic-sampling", "--replot", "--out", str(tmp_path)])
     assert (tmp_path / "dynamic-sampling.png").exists()
+
+
+def test_the_lab_tags_are_computed_by_the_same_lines_in_every_group_file():
+    # grpo.py's lines are checked on real logs above; the siblings must compute the tags the same way
+    # (dapo.py on its task accuracies, since its reward also carries the overlong penalty).
+    tags = ("lengths, right = ", "charts/right_response_length", "charts/wrong_response_length", "charts/zero_signal_fraction")
+
+    def lines(script):
+        with open(os.path.join(ROOT, script)) as f:
+            source = f.read().replace("accuracies", "rewards") if script == "dapo.py" else f.read()
+        found = [line.strip() for line in source.splitlines() if any(tag in line for tag in tags)]
+        assert len(found) == len(tags), (script, found)
+        return found
+
+    assert all(lines(script) == lines("grpo.py") for script in ("dr_grpo.py", "dapo.py", "gspo.py", "sapo.py"))
