@@ -57,9 +57,12 @@ EXPERIMENTS = {
         "GRPO divides each response's loss by its own length |o_i| (eq. 97): a long wrong response is "
         "penalised less per token, a short right one rewarded more. Do wrong responses grow under grpo.py, "
         "and not under dr_grpo.py (eq. 100) and dapo.py (eq. 102)?",
-        # β = 0 for all: a KL penalty would pull the lengths back to the reference and hide the effect;
-        # DAPO with one sampling round: dynamic sampling does not touch the loss weights, and it triples the time.
-        [("grpo", "grpo.py", []), ("dr_grpo", "dr_grpo.py", []), ("dapo", "dapo.py", ["--max-sampling-rounds", "1"])],
+        # β = 0 for all: a KL penalty would pull the lengths back to the reference and hide the effect.
+        # DAPO with one sampling round (dynamic sampling does not touch the loss weights, and it triples the time)
+        # and without its overlong penalty, the one part of its reward that depends on length (it shortens every
+        # response on this model: see the README), so that its loss aggregation is what is compared.
+        [("grpo", "grpo.py", []), ("dr_grpo", "dr_grpo.py", []),
+         ("dapo", "dapo.py", ["--max-sampling-rounds", "1", "--overlong-buffer", "0"])],
         ["--num-iterations", "80", "--beta", "0"],
     ),
     "clip-higher": Experiment(
