@@ -348,8 +348,11 @@ def write_report(name, results, seeds, wall, path, num_iterations=None):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m common.lab", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass  # flag defaults shown, and the experiment list kept as written
+
+    p = argparse.ArgumentParser(prog="python -m common.lab", description="\n".join(__doc__.splitlines()[:8]),
+                                formatter_class=Formatter)
     p.add_argument("experiment", choices=[*EXPERIMENTS, TOY, "all"], help="which experiment to run")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every arm")
     p.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one core)")
