@@ -71,8 +71,8 @@ def main(argv=None):
     p = parser("long_model", __doc__, steps=1500, batch_size=64)
     p.add_argument("--max-dots", type=int, default=40, help="longest hesitation after the answer, in dots")
     args = p.parse_args(argv)
-    if not 0 <= args.max_dots <= 80:  # 80: the answer, the dots and the prompt must fit in 96 positions
-        p.error(f"--max-dots must be in 0..80, got {args.max_dots}")
+    if not 0 <= args.max_dots <= 72:  # prompt (<= 15) + answer (<= 6) + space + dots + EOS must fit in 96 positions
+        p.error(f"--max-dots must be in 0..72, got {args.max_dots}")
     tokenizer, model = setup(args, n_positions=96, chars=CHARS)
     rng = random.Random(args.seed)
     max_new_tokens = 6 + 2 + args.max_dots + 8  # answer, space, dots, EOS, and some room
