@@ -23,9 +23,10 @@ One iteration: sample B prompts → G responses each from π_θold (one batched 
 → rewards → group advantages → log-probs under π_θold and π_ref, without gradients → E epochs
 of minibatch gradient steps on the loss (several steps, so the ratio leaves 1) → log.
 The same file runs on several GPUs (torchrun, data parallel) and with LoRA: see the README.
+What is not the method (loading a model, prompts, torchrun, logging) lives in common/llm.py.
 
     python grpo.py                                   # embedded tiny model, offline, CPU, ~75 s
-    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --max-new-tokens 64 --learning-rate 1e-6   # GPU
+    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct   # GPU, real-model defaults (lr 1e-6, 256 tokens)
     torchrun --nproc_per_node 4 grpo.py --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16 ...    # 4 GPUs
 """
 
@@ -34,8 +35,7 @@ import copy
 import os
 import random
 import time
-import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -43,24 +43,15 @@ import torch
 import tyro
 from torch import Tensor
 
+from common.llm import (
+    IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids, format_prompts,
+    gradient_sync, init_distributed, load_policy, refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_mask,
+)
 from common.tasks import EVAL_SEED, get_task
-
-HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
-class Args:
-    # Model and task
-    model: str = "common/tiny_model"
-    """Hugging Face causal LM: a hub id (e.g. gpt2) or a local folder. The default is the embedded tiny model."""
-    task: str = "addition"
-    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
-    countdown, reverse (for common/long_model), or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
-    few_shot: Optional[int] = None
-    """base models (no chat template): solved training examples shown before each question, and the response ends
-    where the answer does; default: the task's (2-3), 0 for the embedded models (trained on bare questions)"""
-    system_prompt: Optional[str] = None
-    """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
+class Args(ModelArgs):
     # Sampling
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
@@ -68,8 +59,8 @@ class Args:
     """B: prompts per iteration, over all processes; each iteration trains on B * G responses"""
     num_iterations: int = 150
     """number of sample-then-update iterations"""
-    max_new_tokens: int = 8
-    """response length cap; the tiny model's answers take at most 5 tokens (4 digits + EOS)"""
+    max_new_tokens: Optional[int] = None
+    """response length cap; default: 8 for the embedded models (the tiny model's answers take at most 5 tokens), 256 otherwise"""
     temperature: float = 1.0
     """sampling temperature; log-probs are computed at the same temperature"""
     # Optimisation
@@ -79,8 +70,8 @@ class Args:
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
     """responses per forward/backward pass on each process (gradient accumulation, to fit memory); default: the whole minibatch"""
-    learning_rate: float = 3e-4
-    """Adam learning rate, decayed linearly to 0 over the run (3e-4 suits the tiny model; ~1e-6 for real LLMs)"""
+    learning_rate: Optional[float] = None
+    """Adam learning rate, decayed linearly to 0 over the run; default: 3e-4 for the embedded models, 1e-6 for real LLMs (1e-5 with LoRA)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change
@@ -90,24 +81,6 @@ class Args:
     """per-token KL estimator: k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − log(π_ref/π) − 1"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate (eq. 96)"""
-    # Memory: models that do not fit with full fine-tuning
-    lora_rank: int = 0
-    """LoRA rank r: train low-rank adapters on every linear layer of attention and MLP instead of all weights (0 = full fine-tuning)"""
-    lora_alpha: float = 32.0
-    """LoRA scale α: the adapter's update is (α / r) B A"""
-    gradient_checkpointing: bool = False
-    """recompute activations in the backward pass instead of storing them: less memory, ~30 % more update time"""
-    # Evaluation and bookkeeping
-    eval_every: int = 10
-    """evaluate on the held-out split every this many iterations (and at the start and the end)"""
-    eval_size: int = 200
-    """held-out prompts per evaluation"""
-    seed: int = 1
-    """seed of random, numpy and torch (prompts, sampling, initial state); process k of torchrun uses seed + k"""
-    cuda: bool = True
-    """use the GPU (with bfloat16 autocast) when there is one"""
-    save_model: bool = False
-    """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
 
 
 def compute_advantages(rewards: Tensor, group_size: int) -> Tensor:
@@ -170,18 +143,17 @@ def policy_loss(
 
 
 def check_args(args: Args, world_size: int = 1) -> None:
-    """Refuse bad input with one clear line, before anything heavy is loaded."""
+    """Refuse bad input with one clear line, before anything heavy is loaded (the shared flags: common/llm.py)."""
     responses_per_process = args.prompts_per_iteration // world_size * args.group_size
     minibatch = responses_per_process // max(args.num_minibatches, 1)
-    checks = [
-        (args.few_shot is None or args.few_shot >= 0, f"--few-shot must be >= 0, got {args.few_shot}"),
+    refuse_bad_args(args, [
         (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
         (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
         (args.prompts_per_iteration % world_size == 0,
          f"--prompts-per-iteration must be divisible by the {world_size} processes (whole groups live on one process), "
          f"got {args.prompts_per_iteration}"),
         (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
-        (args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
+        (args.max_new_tokens is None or args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
         (args.num_minibatches >= 1 and responses_per_process % args.num_minibatches == 0,
@@ -190,112 +162,15 @@ def check_args(args: Args, world_size: int = 1) -> None:
         (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
          f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}"
          f"{' per process' if world_size > 1 else ''}, got {args.micro_batch_size}"),
-        (args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
+        (args.learning_rate is None or args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
         (args.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {args.max_grad_norm}"),
         (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
         (args.kl_estimator in ("k1", "k2", "k3"), f"--kl-estimator must be one of k1, k2, k3, got {args.kl_estimator!r}"),
         (0 < args.clip_eps < 1, f"--clip-eps must be in (0, 1), got {args.clip_eps}"),
-        (args.lora_rank >= 0, f"--lora-rank must be >= 0 (0 = full fine-tuning), got {args.lora_rank}"),
-        (args.lora_alpha > 0, f"--lora-alpha must be > 0, got {args.lora_alpha}"),
-        (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
-        (args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
-    ]
-    for ok, message in checks:
-        if not ok:
-            raise SystemExit(f"error: {message}")
-    try:
-        get_task(args.task)  # a .jsonl file is read here: a malformed line is named before the model loads
-    except ValueError as e:
-        raise SystemExit(f"error: {e}")
+    ])
 
 
-# ---------------------------------------------------------------- the model: loading, dropout, LoRA, reference
-
-def resolve_model_path(model: str) -> str:
-    """A folder (the embedded model is named relative to this file), or a hub id found in the local cache or on the hub.
-
-    Checked before anything heavy: without network, a hub id that is not cached gets one line within seconds,
-    not a minute of download retries.
-    """
-    if os.path.isdir(os.path.join(HERE, model)):
-        return os.path.join(HERE, model)
-    if os.path.isdir(model):
-        return model
-    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
-        raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' or 'org/name')")
-    from huggingface_hub import model_info, try_to_load_from_cache
-    from huggingface_hub.errors import RepositoryNotFoundError
-
-    cached_config = try_to_load_from_cache(model, "config.json")
-    if isinstance(cached_config, str):
-        return os.path.dirname(cached_config)  # the cached snapshot: loads without asking the network
-    download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
-        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {download}")
-    try:
-        model_info(model, timeout=10)
-    except RepositoryNotFoundError:
-        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub (a typo? a private model needs `hf auth login`)")
-    except Exception as e:  # no network, DNS failure, time-out, proxy: whatever stops the download
-        raise SystemExit(f"error: --model {model!r} is not in the local cache and the hub cannot be reached "
-                         f"({type(e).__name__}): {download}")
-    return model
-
-
-def disable_dropout(model) -> None:
-    """Every dropout probability of the model to 0 (hub configs have them: gpt2's are 0.1).
-
-    Sampling and the old log-probs run in eval mode, the update in train mode. With dropout on, the
-    first update would score the sampled tokens with another (random) function than the one that
-    sampled them, and the ratio π_θ/π_θold would be noise instead of exactly 1.
-    """
-    for key, value in model.config.to_dict().items():
-        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
-            setattr(model.config, key, 0.0)
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        for name, value in list(vars(module).items()):
-            if "dropout" in name and isinstance(value, float):  # e.g. Llama's attention_dropout, read at forward time
-                setattr(module, name, 0.0)
-
-
-def load_policy(name: str, model_path: str, device):
-    """Tokenizer and model from a hub id or a folder, dropout off, ready for left-padded batched generation."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
-    from transformers.utils.logging import disable_progress_bar
-
-    disable_progress_bar()  # one console line per iteration, no loading bars
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(model_path)
-        if tokenizer.eos_token_id is None:
-            raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses could never end")
-        AutoConfig.from_pretrained(model_path, trust_remote_code=False)  # fails fast, without asking, on custom code
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-    except (OSError, ValueError) as e:
-        if "trust_remote_code" in str(e):
-            raise SystemExit(f"error: --model {name!r} needs its own code from the hub (trust_remote_code); "
-                             "this script runs only architectures that transformers ships")
-        raise SystemExit(f"error: --model {name!r} could not be loaded: {str(e).splitlines()[0]}")
-    disable_dropout(model)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it
-    tokenizer.padding_side = "left"  # generation appends at the right end of every row
-    return tokenizer, model
-
-
-def add_lora(model, args: Args):
-    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze the model's weights W and learn W + (α/r) B A on every
-    linear layer of attention and MLP (peft's "all-linear": all but the output head). B starts at 0, so the
-    policy starts as the model itself. Adapter dropout is 0 for the same reason as in disable_dropout."""
-    from peft import LoraConfig, get_peft_model
-
-    warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D layers: peft handles them, and says so
-    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft calls the old name
-    config = LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, target_modules="all-linear", lora_dropout=0.0)
-    return get_peft_model(model, config)
-
+# ---------------------------------------------------------------- the reference policy of the KL term
 
 def reference_model(model, args: Args):
     """π_ref of the KL term, frozen at the starting policy; β = 0 needs none.
@@ -357,68 +232,15 @@ def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     return (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).float(), truncated
 
 
-def eos_token_ids(model, tokenizer) -> list[int]:
-    """The tokens that end a response: the tokenizer's EOS and any end token of the model's generation config
-    (a chat model's end of turn, e.g. Qwen's <|im_end|> next to <|endoftext|>)."""
-    config_eos = model.generation_config.eos_token_id
-    config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
-    return sorted({tokenizer.eos_token_id, *config_eos})
-
-
-def format_prompts(tokenizer, task, prompts: list[str], args: Args) -> list[str]:
-    """What the model reads. A chat model: its chat template, with the question and the task's answer format
-    in the user turn (after --system-prompt). A base model: --few-shot solved examples from the training
-    split, then the question, so that it answers in the format the reward reads; 0 examples: the bare question."""
-    if tokenizer.chat_template is not None:
-        system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
-        return [
-            tokenizer.apply_chat_template(
-                system + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False, add_generation_prompt=True
-            )
-            for p in prompts
-        ]
-    if not args.few_shot:
-        return prompts
-    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in task.examples(args.few_shot, random.Random(EVAL_SEED)))
-    return [f"{shots}Question: {p}\nAnswer:" for p in prompts]
-
-
-def answer_stop(tokenizer, task, args: Args) -> Optional[str]:
-    """Where a few-shot base model's answer ends: at the first newline, or at the blank line that separates the
-    examples when their answers span lines. Without the cut it would run on into a question of its own, and
-    the reward would read the wrong number. Chat models and bare questions end at an EOS token."""
-    if tokenizer.chat_template is not None or not args.few_shot:
-        return None
-    multi_line = any("\n" in a for _, a in task.examples(args.few_shot, random.Random(EVAL_SEED)))
-    return "\n\n" if multi_line else "\n"
-
-
-def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
-    """mask [N, T] ended at the token that completes the first `stop` string (the token included, like an EOS):
-    the shortest prefix whose text holds it, found by bisection, since one token may hold several characters."""
-    lengths = []
-    for row, n in zip(responses.tolist(), mask.sum(dim=1).long().tolist()):
-        low, high = 1, n
-        if stop in tokenizer.decode(row[:n]):
-            while low < high:
-                middle = (low + high) // 2
-                if stop in tokenizer.decode(row[:middle]):
-                    high = middle
-                else:
-                    low = middle + 1
-        lengths.append(high)
-    positions = torch.arange(responses.shape[1], device=responses.device)
-    return (positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)).float()
-
-
 @torch.no_grad()
 def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
     """num_samples responses per prompt in one batched `generate` call (left padding, KV cache).
 
     Returns sequences [N, P+T], attention_mask [N, P+T], prompt_len P, responses [N, T], mask [N, T], truncated [N].
     """
-    texts = format_prompts(tokenizer, task, prompts, args)  # a chat template already holds its special tokens
-    stop = answer_stop(tokenizer, task, args)
+    texts = format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
+    stop = answer_stop(tokenizer, task, args.few_shot)
+    # a chat template already holds its special tokens
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
     prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
@@ -448,11 +270,6 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # [N, P+T]
     return sequences, attention_mask, prompt_len, responses, mask, truncated
 
-
-def decode(tokenizer, responses: Tensor, mask: Tensor) -> list[str]:
-    """Response text after the prompt, up to the first EOS."""
-    lengths = mask.sum(dim=1).long().tolist()
-    return tokenizer.batch_decode([row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True)
 
 
 @torch.no_grad()
@@ -555,41 +372,8 @@ def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> d
     return stats
 
 
-# ---------------------------------------------------------------- several processes (torchrun): data parallel
-
-def init_distributed(use_cuda: bool) -> tuple[int, int, torch.device]:
-    """rank, number of processes, device. Under torchrun (WORLD_SIZE > 1) join the process group: NCCL
-    between GPUs, gloo between CPU processes. A plain `python grpo.py` is process 0 of 1 and joins nothing."""
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = use_cuda and torch.cuda.is_available()
-    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
-    if world_size == 1:
-        return 0, 1, device
-    if cuda:
-        torch.cuda.set_device(device)
-    torch.distributed.init_process_group("nccl" if cuda else "gloo")
-    return torch.distributed.get_rank(), world_size, device
-
-
-def gradient_sync(model, last: bool):
-    """DDP all-reduces gradients in every backward pass; within one optimiser step only the last micro-batch needs it."""
-    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        return contextlib.nullcontext()
-    return model.no_sync()
-
-
-def global_mean(value: float) -> float:
-    """Mean of a per-process number over all processes (itself in one process): what rank 0 logs is the whole batch's."""
-    if not torch.distributed.is_initialized():
-        return value
-    total = torch.tensor([value], dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
-    torch.distributed.all_reduce(total)
-    return total.item() / torch.distributed.get_world_size()
-
-
 if __name__ == "__main__":
-    args = tyro.cli(Args)
+    args = tyro.cli(Args)  # the flags left unset that depend on the model's scale are resolved as Args is built
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = resolve_model_path(args.model)
     rank, world_size, device = init_distributed(args.cuda)
@@ -604,126 +388,72 @@ if __name__ == "__main__":
     # On a GPU: float32 weights (so that small Adam steps are not lost to rounding) and bfloat16 autocast.
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
-    from torch.utils.tensorboard import SummaryWriter
-
     tokenizer, model = load_policy(args.model, model_path, device)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()  # active in train mode only: the update, not sampling
     if args.lora_rank > 0:
-        model = add_lora(model, args)
+        model = add_lora(model, args.lora_rank, args.lora_alpha)
     ref_model = reference_model(model, args)
     # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
     train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
-    if args.few_shot is None:  # the embedded models (common/*_model) read bare questions; other base models get examples
-        args.few_shot = 0 if os.path.dirname(model_path) == os.path.join(HERE, "common") else task.default_few_shot
-    texts = format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args)
-    longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
-    if longest + args.max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
-        raise SystemExit(f"error: prompts of up to {longest} tokens + --max-new-tokens {args.max_new_tokens} exceed the "
-                         f"model's {model.config.max_position_embeddings} positions: lower --few-shot or --max-new-tokens")
+    eval_texts = format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
+    check_prompt_length(tokenizer, model, eval_texts, args.max_new_tokens)
     rng = random.Random(args.seed + rank)
-    writer = SummaryWriter(os.path.join("runs", run_name)) if is_main else None
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
+    log = IterationLog(
+        run_name, asdict(args), args.num_iterations, args.eval_every, batch_size * world_size,
+        lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
+    )
     if is_main:
-        writer.add_text(
-            "hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-        )
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(
-            f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
-            f"{batch_size * world_size} responses per iteration"
-        )
-        print(f"the model reads (first held-out prompt): {format_prompts(tokenizer, task, [eval_prompts[0][0]], args)[0]!r}")
-        accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
-        writer.add_scalar("charts/accuracy", accuracy, 0)
-        writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, 0)
-        print(f"iteration    0  held-out accuracy {accuracy:.3f} (greedy {greedy_accuracy:.3f})")
+        print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
+              f"{batch_size * world_size} responses per iteration")
+        for line in args.defaults_used:
+            print(f"default {line}")
+        print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
+    log.begin()
 
-    start = time.time()
     for iteration in range(1, args.num_iterations + 1):
-        iteration_start = time.time()
+        log.begin_iteration()
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
 
         # 1-3. Freeze π_θold = π_θ and sample G responses for each of this process's B / N prompts (eq. 94).
-        model.eval()
-        pairs = task.prompts(prompts_per_process, rng)
-        with autocast:
-            sequences, attention_mask, prompt_len, responses, mask, truncated = sample(
-                model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size
-            )
-        texts = decode(tokenizer, responses, mask)
+        with log.phase("generate"):
+            model.eval()
+            pairs = task.prompts(prompts_per_process, rng)
+            with autocast:
+                sequences, attention_mask, prompt_len, responses, mask, truncated = sample(
+                    model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size
+                )
+            texts = decode(tokenizer, responses, mask)
         targets = [target for _, target in pairs for _ in range(args.group_size)]
-        generate_seconds = time.time() - iteration_start
 
         # 4. Rewards and group-relative advantages, eq. (90)-(91).
         rewards = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
         advantages = compute_advantages(rewards, args.group_size)
 
         # Log-probs of the sampled tokens under π_θold and π_ref: fixed targets, no gradient.
-        logprob_start = time.time()
-        old_logprobs, ref_logprobs, entropies = score_responses(
-            model, ref_model, sequences, attention_mask, prompt_len, responses, args, autocast
-        )
-        logprob_seconds = time.time() - logprob_start
+        with log.phase("logprob"):
+            old_logprobs, ref_logprobs, entropies = score_responses(
+                model, ref_model, sequences, attention_mask, prompt_len, responses, args, autocast
+            )
 
         # 5. E epochs of minibatch gradient steps on the clipped surrogate (eq. 96-97).
-        update_start = time.time()
         rollout = Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
-        stats = update_policy(train_model, optimizer, rollout, args, autocast)
-        update_seconds = time.time() - update_start
+        with log.phase("update"):
+            stats = update_policy(train_model, optimizer, rollout, args, autocast)
 
-        # Log at x = iterations done: means over all processes, written by process 0 (the same tags in every group script).
-        iteration_seconds = time.time() - iteration_start
-        lengths, right = mask.sum(dim=1).float(), (rewards == 1).float()
-        logged = {
-            "charts/reward": rewards.mean().item(),
-            "charts/response_length": lengths.mean().item(),
-            "charts/right_response_length": ((lengths * right).sum() / right.sum().clamp(min=1)).item(),  # 0 if none
-            "charts/wrong_response_length": ((lengths * (1 - right)).sum() / (1 - right).sum().clamp(min=1)).item(),
-            "charts/zero_signal_fraction": (rewards.view(-1, args.group_size).std(dim=1) == 0).float().mean().item(),
-            "charts/truncated_fraction": truncated.float().mean().item(),
-            "charts/tokens_per_second": mask.sum().item() / iteration_seconds * world_size,
-            "charts/samples_per_second": batch_size / iteration_seconds * world_size,
-            "losses/entropy": ((entropies * mask).sum() / mask.sum()).item(),
-            **{f"losses/{name}": sum(values) / len(values) for name, values in stats.items() if values},
-            "perf/generate_seconds": generate_seconds,
-            "perf/logprob_seconds": logprob_seconds,
-            "perf/update_seconds": update_seconds,
-            **({"perf/peak_gpu_memory_gb": torch.cuda.max_memory_allocated(device) / 2**30} if device.type == "cuda" else {}),
-        }
-        logged = {tag: global_mean(value) for tag, value in logged.items()}
-        if not is_main:
-            continue
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], iteration)
-        for tag, value in logged.items():
-            writer.add_scalar(tag, value, iteration)
-        held_out = ""
-        if iteration % args.eval_every == 0 or iteration == args.num_iterations:
-            accuracy, greedy_accuracy = evaluate(model, tokenizer, task, eval_prompts, args, device, autocast)
-            writer.add_scalar("charts/accuracy", accuracy, iteration)
-            writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
-            held_out = f"  held-out {accuracy:.3f} (greedy {greedy_accuracy:.3f})"
-        eta = (time.time() - start) / iteration * (args.num_iterations - iteration)
-        print(
-            f"iteration {iteration:4d}/{args.num_iterations}  reward {logged['charts/reward']:.3f}  "
-            f"length {logged['charts/response_length']:.1f}  clipfrac {logged.get('losses/clipfrac', float('nan')):.3f}  "
-            f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
-        )
+        scalars = rollout_stats(rewards, rewards, mask, truncated, entropies, args.group_size)
+        log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
 
     if args.save_model and is_main:
-        # Write to a temporary folder, then rename, so an interrupted save never leaves a half-written model.
-        # With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge.
-        final, tmp = os.path.join("runs", run_name, "model"), os.path.join("runs", run_name, "model.tmp")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, final)
-        print(f"saved to {final}")
-    if is_main:
-        writer.close()
+        save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
+        print(f"saved to {os.path.join('runs', run_name, 'model')}")
+    log.close()
     if world_size > 1:
         torch.distributed.destroy_process_group()

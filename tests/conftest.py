@@ -1,7 +1,38 @@
-"""Shared pytest setup: make the repository root importable (tests import the algorithm files)."""
+"""Shared pytest setup: the repository root importable (tests import the algorithm files), the lists of
+algorithm files, and one fixture that runs a script's main block in this process."""
 import os
+import runpy
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+CLASSIC = ["vpg", "a2c", "trpo", "ppo"]
+GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
+
+
+@pytest.fixture
+def in_process(monkeypatch, tmp_path, capsys):
+    """`run(name, argv, subdir=".") -> (run_dir, stdout)`: `name`.py's main block in this process, from the folder
+    tmp_path/subdir (no subprocess: torch and transformers are imported once for the whole suite). run_dir is the
+    run's log folder under runs/ (None unless there is exactly one). Restores the torch globals a script sets."""
+    import torch
+
+    threads, validate = torch.get_num_threads(), torch.distributions.Distribution._validate_args
+
+    def run(name, argv, subdir="."):
+        name = name.removesuffix(".py")
+        cwd = tmp_path / subdir
+        cwd.mkdir(exist_ok=True)
+        monkeypatch.chdir(cwd)
+        monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+        capsys.readouterr()
+        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        runs = list((cwd / "runs").iterdir()) if (cwd / "runs").is_dir() else []
+        return (runs[0] if len(runs) == 1 else None), capsys.readouterr().out
+
+    yield run
+    torch.set_num_threads(threads)
+    torch.distributions.Distribution.set_default_validate_args(validate)

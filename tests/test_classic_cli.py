@@ -7,7 +7,6 @@ main loop in-process with runpy.
 import dataclasses
 import importlib
 import os
-import runpy
 import subprocess
 import sys
 
@@ -16,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.benchmark import read_scalars
+from common.tools.benchmark import read_scalars
+from conftest import CLASSIC, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["vpg", "a2c", "trpo", "ppo"]
+FILES = CLASSIC
 MODULES = {name: importlib.import_module(name) for name in FILES}
 TINY = ["--total-timesteps", "1024", "--num-envs", "2", "--num-steps", "256"]
 
@@ -133,25 +132,6 @@ def test_unsupported_space_names_the_space(name, env_id, space):
     assert msg.startswith("error: --env-id") and space in msg and "\n" not in msg, msg
 
 
-@pytest.fixture
-def in_process(monkeypatch, tmp_path):
-    """Run a script's `__main__` in this process: `run(name, argv, subdir)`; restores torch globals."""
-    threads, validate = torch.get_num_threads(), torch.distributions.Distribution._validate_args
-
-    def run(name, argv, subdir="."):
-        cwd = tmp_path / subdir
-        cwd.mkdir(exist_ok=True)
-        monkeypatch.chdir(cwd)
-        monkeypatch.setattr(sys, "argv", [f"{name}.py"] + argv)
-        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
-        (run_dir,) = (cwd / "runs").iterdir()
-        return run_dir
-
-    yield run
-    torch.set_num_threads(threads)
-    torch.distributions.Distribution.set_default_validate_args(validate)
-
-
 @pytest.mark.parametrize("name", FILES)
 def test_main_rejects_bad_input_before_building_anything(name, in_process, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -214,16 +194,16 @@ def _returns(run_dir):
 @pytest.mark.parametrize("name", FILES)
 def test_same_seed_same_returns(name, in_process):
     argv = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "128", "--seed", "3"]
-    first = _returns(in_process(name, argv, "a"))
-    second = _returns(in_process(name, argv, "b"))
-    other = _returns(in_process(name, argv[:-1] + ["4"], "c"))
+    first = _returns(in_process(name, argv, "a")[0])
+    second = _returns(in_process(name, argv, "b")[0])
+    other = _returns(in_process(name, argv[:-1] + ["4"], "c")[0])
     assert len(first) > 20 and first == second
     assert other != first
 
 
 def test_ppo_learns_cartpole(in_process):
     # a random policy scores ~20; after 16k steps the default ppo.py is far above it
-    returns = _returns(in_process("ppo", ["--total-timesteps", "16384", "--seed", "1"]))
+    returns = _returns(in_process("ppo", ["--total-timesteps", "16384", "--seed", "1"])[0])
     assert np.mean(returns[-10:]) > 150, returns[-10:]
 
 
@@ -235,7 +215,7 @@ def test_truncation_bootstraps_and_autoreset_steps_are_dropped(name, in_process)
     argv = ["--env-id", "TestConstantReward-v0", "--gamma", "0.9", "--num-envs", "4", "--save-model"]
     argv += ["--total-timesteps", "4096", "--num-steps", "8", "--learning-rate", "0.01"] if name == "a2c" else \
         ["--total-timesteps", "8192", "--num-steps", "64"]
-    run_dir = in_process(name, argv)
+    run_dir, _ = in_process(name, argv)
     agent = MODULES[name].Agent(2, gym.spaces.Discrete(2))
     agent.load_state_dict(torch.load(run_dir / f"{name}.pt")["agent"])
     value = agent.get_value(torch.zeros(1, 2)).item()
@@ -244,6 +224,6 @@ def test_truncation_bootstraps_and_autoreset_steps_are_dropped(name, in_process)
 
 def test_trpo_steps_stay_in_the_trust_region(in_process):
     # every accepted step: exact mean KL(pi_old || pi) <= delta (eq. 70), and the policy does move
-    run_dir = in_process("trpo", ["--total-timesteps", "8192", "--num-envs", "4", "--num-steps", "128", "--max-kl", "0.005"])
+    run_dir, _ = in_process("trpo", ["--total-timesteps", "8192", "--num-envs", "4", "--num-steps", "128", "--max-kl", "0.005"])
     kls = [v for _, _, v in read_scalars(str(run_dir))["losses/approx_kl"]]
     assert len(kls) == 16 and max(kls) <= 0.005 and sum(k > 0.001 for k in kls) >= 8, kls

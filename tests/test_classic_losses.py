@@ -11,8 +11,9 @@ import math
 import gymnasium as gym
 import pytest
 import torch
+from conftest import CLASSIC
 
-FILES = ["vpg", "a2c", "trpo", "ppo"]
+FILES = CLASSIC
 MODULES = {name: importlib.import_module(name) for name in FILES}
 vpg, a2c, trpo, ppo = (MODULES[n] for n in FILES)
 

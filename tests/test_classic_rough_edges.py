@@ -8,18 +8,15 @@ import dataclasses
 import importlib
 import os
 import re
-import runpy
-import sys
 
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 
-from common.benchmark import read_scalars
+from common.tools.benchmark import read_scalars
+from conftest import CLASSIC, ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-FILES = ["vpg", "a2c", "trpo", "ppo"]
+FILES = CLASSIC
 MODULES = {name: importlib.import_module(name) for name in FILES}
 
 
@@ -66,26 +63,6 @@ def test_lunar_lander_without_box2d_names_the_extra():
 
 # ---------------------------------------------------------------------------------------------
 # In-process runs of the main loop
-
-
-@pytest.fixture
-def in_process(monkeypatch, tmp_path, capsys):
-    """`run(name, argv, subdir) -> (run_dir, stdout)`: a script's `__main__` in this process."""
-    threads, validate = torch.get_num_threads(), torch.distributions.Distribution._validate_args
-
-    def run(name, argv, subdir="."):
-        cwd = tmp_path / subdir
-        cwd.mkdir(exist_ok=True)
-        monkeypatch.chdir(cwd)
-        monkeypatch.setattr(sys, "argv", [f"{name}.py"] + argv)
-        capsys.readouterr()
-        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
-        (run_dir,) = (cwd / "runs").iterdir()
-        return run_dir, capsys.readouterr().out
-
-    yield run
-    torch.set_num_threads(threads)
-    torch.distributions.Distribution.set_default_validate_args(validate)
 
 
 class _OffsetDiscreteEnv(gym.Env):

@@ -24,8 +24,9 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import CLASSIC
 
-FILES = ["vpg", "a2c", "trpo", "ppo"]
+FILES = CLASSIC
 MODULES = {name: importlib.import_module(name) for name in FILES}
 
 

@@ -1,4 +1,4 @@
-"""common/compare_trl.py: argument handling, the missing-dependency line, the run order, the numbers it reads
+"""common/tools/compare_trl.py: argument handling, the missing-dependency line, the run order, the numbers it reads
 back and the position-id hook. The TRL runs themselves are not part of the suite (trl is optional)."""
 import math
 import os
@@ -7,9 +7,9 @@ import sys
 import pytest
 import torch
 
-from common import compare_trl as C
+from common.tools import compare_trl as C
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---------------------------------------------------------------- arguments
@@ -66,7 +66,7 @@ def test_missing_trl_says_what_to_install_in_one_line(without_trl, argv):
     with pytest.raises(SystemExit) as e:
         C.main(argv)
     message = str(e.value)
-    assert "\n" not in message and message.startswith("error: python -m common.compare_trl needs trl, datasets")
+    assert "\n" not in message and message.startswith("error: python -m common.tools.compare_trl needs trl, datasets")
     assert message.endswith("pip install trl==1.16.0 datasets accelerate")
 
 
@@ -90,7 +90,7 @@ def test_variants_of_a_seed_run_back_to_back_and_a_failure_does_not_stop_the_res
                      ("grpo", 2, 5, 1), ("trl", 2, 5, 1), ("trl-hook", 2, 5, 1)]
     text = out.read_text()
     assert "| grpo | 0/2 (2 failed) |" in text and "| trl-hook | 2 | failed |" in text
-    assert "`python -m common.compare_trl --seeds 1 2 --num-iterations 5 --core 1 --out " in text
+    assert "`python -m common.tools.compare_trl --seeds 1 2 --num-iterations 5 --core 1 --out " in text
     assert "Differences that could not be aligned" in text and "settings table" in text
 
 
@@ -104,7 +104,7 @@ def test_a_crashing_run_is_reported_not_raised(monkeypatch, capsys):
 def test_commands():
     grpo_cmd = C.command("grpo", 2, 7)
     assert grpo_cmd[1] == os.path.join(ROOT, "grpo.py") and grpo_cmd[2:] == ["--seed", "2", "--num-iterations", "7", "--no-cuda"]
-    assert C.command("trl-hook", 3, 7)[1:] == ["-m", "common.compare_trl", "--worker", "trl-hook", "--seed", "3",
+    assert C.command("trl-hook", 3, 7)[1:] == ["-m", "common.tools.compare_trl", "--worker", "trl-hook", "--seed", "3",
                                                "--num-iterations", "7"]
 
 
@@ -148,7 +148,7 @@ def test_markdown_medians_count_unreached_seeds_as_never():
 def test_hook_gives_left_padded_rows_the_positions_they_would_have_alone():
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = os.path.join(ROOT, "common", "tiny_model")
+    path = os.path.join(ROOT, "common", "models", "tiny_model")
     tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval()
     enc = tokenizer(["1+2=", "123+456="], return_tensors="pt", padding=True)  # the first row is left-padded
     position_ids = (enc["attention_mask"].cumsum(-1) - 1).clamp(min=0)

@@ -4,8 +4,8 @@ tests or the README cite has an entry there (an anchor `<a id="eq-N"></a>`), and
 import glob
 import os
 import re
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(ROOT, "common", "EQUATIONS.md")
 
 # "eq. (96)", "eq. 90-91", "Eq. (117)-(119)", "eq. 80/81", "eqs. 90, 91", "eq. (78), (79)"; \b keeps "freq."

@@ -11,8 +11,8 @@ import dapo
 import dr_grpo
 import gspo
 import sapo
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("script", ["dr_grpo.py", "gspo.py", "sapo.py"])

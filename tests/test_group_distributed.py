@@ -15,8 +15,8 @@ import grpo
 import gspo
 import sapo
 from fixed_rollouts import direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
 
 

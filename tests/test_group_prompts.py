@@ -3,8 +3,6 @@ task on a random base model, a random chat model and, where it applies, the embe
 
 import os
 import random
-import runpy
-import sys
 
 import pytest
 import torch
@@ -12,8 +10,9 @@ import torch
 import grpo
 from common.tasks import EVAL_SEED, TASKS, get_task
 from hub_like_models import make_model_folder
+from common import llm
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "common", "data", "example.jsonl")
 
 
@@ -24,21 +23,21 @@ def folders(tmp_path_factory):
 
 
 def tokenizer_of(folder):
-    tokenizer, _ = grpo.load_policy(folder, folder, torch.device("cpu"))
+    tokenizer, _ = llm.load_policy(folder, folder, torch.device("cpu"))
     return tokenizer
 
 
 def test_chat_model_gets_its_template_the_answer_format_and_the_system_prompt(folders):
     tokenizer = tokenizer_of(folders["qwen3"])
     task = TASKS["countdown"]
-    (text,) = grpo.format_prompts(tokenizer, task, ["Using the numbers 1, 2, 3, make 6"], grpo.Args(system_prompt="Be brief."))
+    (text,) = llm.format_prompts(tokenizer, task, ["Using the numbers 1, 2, 3, make 6"], 0, "Be brief.")
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         f"<|im_start|>user\nUsing the numbers 1, 2, 3, make 6\n{task.instruction}<|im_end|>\n<|im_start|>assistant\n"
     )
-    (plain,) = grpo.format_prompts(tokenizer, task, ["q"], grpo.Args(few_shot=3))  # few-shot is for base models only
+    (plain,) = llm.format_prompts(tokenizer, task, ["q"], 3, None)  # few-shot is for base models only
     assert plain.startswith("<|im_start|>user\nq\n") and "Question:" not in plain
-    assert grpo.answer_stop(tokenizer, task, grpo.Args(few_shot=3)) is None  # a chat model ends its turn itself
+    assert llm.answer_stop(tokenizer, task, 3) is None  # a chat model ends its turn itself
 
 
 @pytest.mark.parametrize("task_name, stop", [("addition", "\n"), ("countdown", "\n"), (EXAMPLE, "\n\n")])
@@ -46,14 +45,14 @@ def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_end
     tokenizer = tokenizer_of(folders["gpt2"])
     task = get_task(task_name)
     question, _ = task.prompts(1, random.Random(0), split="test")[0]
-    (text,) = grpo.format_prompts(tokenizer, task, [question], grpo.Args(few_shot=2))
+    (text,) = llm.format_prompts(tokenizer, task, [question], 2, None)
     blocks = text.split("\n\n")
     assert len(blocks) == 3 and blocks[-1] == f"Question: {question}\nAnswer:"
     for (shot_question, solution), block in zip(task.examples(2, random.Random(EVAL_SEED)), blocks):
         assert block == f"Question: {shot_question}\nAnswer: {solution}"
-    assert grpo.answer_stop(tokenizer, task, grpo.Args(few_shot=2)) == stop
-    assert grpo.format_prompts(tokenizer, task, [question], grpo.Args(few_shot=0)) == [question]  # bare question
-    assert grpo.answer_stop(tokenizer, task, grpo.Args(few_shot=0)) is None
+    assert llm.answer_stop(tokenizer, task, 2) == stop
+    assert llm.format_prompts(tokenizer, task, [question], 0, None) == [question]  # bare question
+    assert llm.answer_stop(tokenizer, task, 0) is None
 
 
 def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
@@ -64,7 +63,7 @@ def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
     responses = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows])
     for stop in ("\n", "\n\n"):
-        cut = grpo.stop_mask(tokenizer, responses, mask, stop)
+        cut = llm.stop_mask(tokenizer, responses, mask, stop)
         for row, text, length in zip(rows, texts, cut.sum(dim=1).long().tolist()):
             if stop in text:  # the shortest prefix that holds the stop string, by its definition
                 assert stop in tokenizer.decode(row[:length]) and stop not in tokenizer.decode(row[: length - 1])
@@ -73,19 +72,12 @@ def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
         assert (cut <= mask).all()
 
 
-def run_main(script, flags, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [script, *flags])
-    runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    return capsys.readouterr().out
-
-
 @pytest.mark.parametrize("task_name", ["addition", "countdown", EXAMPLE])
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
-def test_every_task_runs_on_a_base_and_a_chat_model(arch, task_name, folders, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_every_task_runs_on_a_base_and_a_chat_model(arch, task_name, folders, tmp_path, in_process):
     flags = ["--model", folders[arch], "--task", task_name, "--num-iterations", "2", "--prompts-per-iteration", "2",
              "--group-size", "2", "--num-minibatches", "1", "--max-new-tokens", "12", "--eval-size", "4", "--few-shot", "1"]
-    out = run_main("grpo.py", flags, monkeypatch, capsys)
+    out = in_process("grpo.py", flags)[1]
     assert "iteration    2/2" in out
     seen = out.split("the model reads (first held-out prompt): ")[1].splitlines()[0]
     assert ("Question:" in seen) == (arch == "gpt2") and ("<|im_start|>" in seen) == (arch == "qwen3")
@@ -93,9 +85,8 @@ def test_every_task_runs_on_a_base_and_a_chat_model(arch, task_name, folders, tm
     assert run_dir.name.startswith(f"{get_task(task_name).name}__grpo__")  # a path's slashes stay out of the run name
 
 
-def test_embedded_model_keeps_its_bare_prompts(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    out = run_main("grpo.py", ["--num-iterations", "1", "--prompts-per-iteration", "2", "--eval-size", "4"], monkeypatch, capsys)
+def test_embedded_model_keeps_its_bare_prompts(tmp_path, in_process):
+    out = in_process("grpo.py", ["--num-iterations", "1", "--prompts-per-iteration", "2", "--eval-size", "4"])[1]
     assert "the model reads (first held-out prompt): '" in out
     seen = out.split("the model reads (first held-out prompt): ")[1].splitlines()[0]
     assert seen.endswith("='") and "Question" not in seen
@@ -111,10 +102,9 @@ def test_bad_task_and_few_shot_give_one_clear_line(tmp_path):
         assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
 
 
-def test_prompts_longer_than_the_model_positions_give_one_clear_line(folders, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_prompts_longer_than_the_model_positions_give_one_clear_line(folders, in_process):
     flags = ["--model", folders["gpt2"], "--task", "countdown", "--few-shot", "12", "--max-new-tokens", "64"]
     with pytest.raises(SystemExit) as e:
-        run_main("grpo.py", flags, monkeypatch, capsys)
+        in_process("grpo.py", flags)[1]
     message = str(e.value)
     assert message.startswith("error: prompts of up to ") and "exceed the model's 512 positions" in message, message

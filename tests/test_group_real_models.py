@@ -3,7 +3,6 @@ dropout off, left padding, end-of-turn tokens, one iteration of every file in-pr
 errors a user without network or with custom-code models meets."""
 
 import os
-import runpy
 import subprocess
 import sys
 
@@ -17,8 +16,9 @@ import gspo
 import sapo
 from common.tasks import TASKS
 from hub_like_models import ARCHITECTURES, make_model_folder
+from common import llm
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
 CPU = torch.device("cpu")
 ADDITION = TASKS["addition"]
@@ -44,7 +44,7 @@ def sample_batch(module, tokenizer, model, seed=0, num_samples=8, max_new_tokens
 def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
     """Sampling and π_θold's log-probs run in eval mode, the update in train mode: with gpt2's dropout 0.1
     left on, the ratio at the first update would be noise (clip fraction ≈ 0.5 on a real GPT-2)."""
-    tokenizer, model = module.load_policy("gpt2", folders["gpt2"], CPU)
+    tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
     args, (sequences, attention_mask, prompt_len, responses, mask, _) = sample_batch(module, tokenizer, model)
     old_logprobs, _, _ = module.score_responses(model, None, sequences, attention_mask, prompt_len, responses, args,
                                                 torch.autocast("cpu", enabled=False))
@@ -58,9 +58,9 @@ def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_architecture_left_padding_dropout_and_eos(arch, folders):
-    tokenizer, model = grpo.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
     assert tokenizer.pad_token_id is not None and tokenizer.padding_side == "left"
-    eos_ids = grpo.eos_token_ids(model, tokenizer)
+    eos_ids = llm.eos_token_ids(model, tokenizer)
     if arch == "qwen3":  # the end of turn counts as an end, next to the tokenizer's EOS
         assert set(eos_ids) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
     args, (sequences, attention_mask, prompt_len, responses, mask, truncated) = sample_batch(grpo, tokenizer, model, num_samples=16)
@@ -90,20 +90,12 @@ def test_architecture_left_padding_dropout_and_eos(arch, folders):
     assert (torch.exp(train_logprobs - batch)[mask.bool()] - 1).abs().max() < 1e-6
 
 
-def run_in_process(script, flags, monkeypatch, capsys):
-    """Run a script's main block in this process (no second transformers import): the CLI path, minus a subprocess."""
-    monkeypatch.setattr(sys, "argv", [script, *flags])
-    runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
-    return capsys.readouterr().out
-
-
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folders, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
+def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folders, tmp_path, in_process):
     flags = ["--model", folders[arch], "--num-iterations", "1", "--prompts-per-iteration", "2", "--group-size", "4",
              "--num-minibatches", "2", "--max-new-tokens", "6", "--eval-size", "4", "--beta", "0.04"]
-    out = run_in_process(f"{module.__name__}.py", flags, monkeypatch, capsys)
+    _, out = in_process(module.__name__, flags)
     line = out.split("iteration    1/1")[1]
     reward, length = float(line.split("reward")[1].split()[0]), float(line.split("length")[1].split()[0])
     assert -2 <= reward <= 1 and 1 <= length <= 6
@@ -115,9 +107,9 @@ def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folder
 
 @pytest.fixture
 def lora_gpt2(folders):
-    tokenizer, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+    tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
     args = grpo.Args(lora_rank=4, lora_alpha=8.0, beta=0.04, max_new_tokens=8, num_minibatches=1, learning_rate=1e-2)
-    return tokenizer, grpo.add_lora(model, args), args
+    return tokenizer, llm.add_lora(model, args.lora_rank, args.lora_alpha), args
 
 
 def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
@@ -153,7 +145,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
 
 
 def test_full_fine_tuning_reference_is_a_frozen_copy(folders):
-    _, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+    _, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
     ref_model = grpo.reference_model(model, grpo.Args(beta=0.04))
     assert ref_model is not model and not any(p.requires_grad for p in ref_model.parameters())
     assert grpo.reference_model(model, grpo.Args(beta=0.0)) is None
@@ -182,12 +174,12 @@ def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
     """Gradient checkpointing recomputes activations in the backward pass: memory, not math."""
     steps = []
     for checkpointing in (False, True):
-        tokenizer, model = grpo.load_policy("gpt2", folders["gpt2"], CPU)
+        tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
         if checkpointing:
             model.activation_checkpointing_enable()
         args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1, gradient_checkpointing=checkpointing)
         torch.manual_seed(0)
-        model = grpo.add_lora(model, args)
+        model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
         rollout = rollout_for(grpo, model, None, tokenizer, args)
         optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
         grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
@@ -202,7 +194,7 @@ def test_uncached_hub_id_with_hf_hub_offline(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.*hf download gpt2"):
-        grpo.resolve_model_path("gpt2")
+        llm.resolve_model_path("gpt2")
 
 
 def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
@@ -217,7 +209,7 @@ def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
     with pytest.raises(SystemExit, match=r"not in the local cache and the hub cannot be reached \(ConnectionError\)"):
-        grpo.resolve_model_path("gpt2")
+        llm.resolve_model_path("gpt2")
 
     class NotFound(RepositoryNotFoundError):
         def __init__(self):
@@ -228,7 +220,7 @@ def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "model_info", not_found)
     with pytest.raises(SystemExit, match=r"--model 'gtp2' is not a model on the Hugging Face hub"):
-        grpo.resolve_model_path("gtp2")
+        llm.resolve_model_path("gtp2")
 
 
 def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp_path, folders):
@@ -241,7 +233,7 @@ def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp
     (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.model_info", lambda *a, **k: pytest.fail("the network was asked"))
-    assert grpo.resolve_model_path("org/tiny") == str(snapshot)
+    assert llm.resolve_model_path("org/tiny") == str(snapshot)
 
 
 def test_offline_cli_fails_in_one_line(tmp_path):
@@ -259,7 +251,7 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
         shutil.copy(os.path.join(folders["llama"], name), tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "my_custom_arch", "auto_map": {"AutoConfig": "c.XConfig"}}')
     with pytest.raises(SystemExit, match=r"needs its own code from the hub \(trust_remote_code\)"):
-        grpo.load_policy("org/custom", str(tmp_path), CPU)
+        llm.load_policy("org/custom", str(tmp_path), CPU)
 
 
 # ---------------------------------------------------------------- bad input of the new flags, per file

@@ -18,6 +18,7 @@ import ast
 import copy
 import math
 import sys
+import types
 
 import pytest
 import torch
@@ -28,6 +29,7 @@ import grpo
 import gspo
 import sapo
 from fixed_rollouts import TEMPERATURE, direct_logprobs, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+from common import llm
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 F64 = torch.float64
@@ -354,7 +356,7 @@ def test_lora_reference_is_the_base_model_with_the_adapters_off(name):
     base = copy.deepcopy(model)
     rollout = fixed_rollout(module, model)
     args = update_args(module, beta=0.04, lora_rank=1, lora_alpha=8.0)  # rank 1: the smallest rank is still LoRA
-    model = module.add_lora(model, args)
+    model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
     ref_model = module.reference_model(model, args)
     assert ref_model is model  # no second copy: the reference is the policy with its adapters off
     with torch.no_grad():
@@ -424,6 +426,10 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
     def get_task(name):
         return RecordingTask(module.get_task(name), rounds)
 
+    # The file's own functions (dapo.py's dynamic_sampling) must call the recording sample() too: rebind them here.
+    for name, value in list(namespace.items()):
+        if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
+            namespace[name] = types.FunctionType(value.__code__, namespace, name, value.__defaults__, value.__closure__)
     namespace.update(sample=sample, update_policy=update_policy, get_task=get_task)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]

@@ -11,9 +11,10 @@ import torch
 
 import grpo
 from common.tasks import TASKS
+from common import llm
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TINY = os.path.join(ROOT, "common", "tiny_model")
+TINY = os.path.join(ROOT, "common", "models", "tiny_model")
 
 
 # ---------------------------------------------------------------- advantages, eq. (90)-(91)
@@ -122,7 +123,7 @@ def test_mask_keeps_eos_when_pad_equals_eos():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return grpo.load_policy("tiny", TINY, torch.device("cpu"))
+    return llm.load_policy("tiny", TINY, torch.device("cpu"))
 
 
 def test_tiny_model_tokenizer(tiny):
@@ -154,14 +155,14 @@ def test_batched_greedy_generation_equals_alone(tiny):
     args = grpo.Args()
     prompts = ["7+5=", "123+456=", "45-9="]
     _, _, _, responses, mask, _ = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", 1, greedy=True)
-    together = grpo.decode(tokenizer, responses, mask)
+    together = llm.decode(tokenizer, responses, mask)
     for prompt, text in zip(prompts, together):
         _, _, _, r, m, _ = grpo.sample(model, tokenizer, TASKS["addition"], [prompt], args, "cpu", 1, greedy=True)
-        assert grpo.decode(tokenizer, r, m) == [text]
+        assert llm.decode(tokenizer, r, m) == [text]
 
 
 def test_base_model_has_headroom(tiny):
-    # The embedded model samples the right answer only part of the time (common/make_tiny_model.py): RL has room to improve.
+    # The embedded model samples the right answer only part of the time (common/models/make_tiny_model.py): RL has room to improve.
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
@@ -199,8 +200,8 @@ def test_bad_arguments_give_one_clear_line(field, value, flag):
 
 def test_missing_model_folder_is_refused():
     with pytest.raises(SystemExit, match="--model './no/such/model'"):
-        grpo.resolve_model_path("./no/such/model")
-    assert grpo.resolve_model_path("common/tiny_model") == TINY
+        llm.resolve_model_path("./no/such/model")
+    assert llm.resolve_model_path("common/models/tiny_model") == TINY
 
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
@@ -211,7 +212,7 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match="no EOS token"):
-        grpo.load_policy(str(tmp_path), str(tmp_path), torch.device("cpu"))
+        llm.load_policy(str(tmp_path), str(tmp_path), torch.device("cpu"))
 
 
 # ---------------------------------------------------------------- end to end from the CLI
@@ -258,7 +259,7 @@ def test_real_model_code_path_with_another_tokenizer(tmp_path):
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     out = run("grpo.py", "--model", str(folder), "--num-iterations", "1", "--prompts-per-iteration", "4", "--group-size", "2",
-              "--num-minibatches", "2", "--micro-batch-size", "2", "--eval-size", "8", cwd=tmp_path)
+              "--num-minibatches", "2", "--micro-batch-size", "2", "--eval-size", "8", "--max-new-tokens", "8", cwd=tmp_path)
     assert "iteration    1/1" in out
 
 

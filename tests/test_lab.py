@@ -1,4 +1,4 @@
-"""The lab (common/lab.py), its model (common/long_model) and the script that makes it."""
+"""The lab (common/lab/lab.py), its model (common/models/long_model) and the script that makes it."""
 import json
 import os
 import random
@@ -11,11 +11,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from common import lab, make_long_model
+from common.lab import lab
+from common.models import make_long_model
 from common.tasks import EVAL_SEED, TASKS
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LONG_MODEL = os.path.join(ROOT, "common", "long_model")
+LONG_MODEL = os.path.join(ROOT, "common", "models", "long_model")
 
 
 # ---------------------------------------------------------------- the long model
@@ -181,16 +182,16 @@ def test_an_experiment_runs_end_to_end(tmp_path):
     assert (tmp_path / "dynamic-sampling.png").exists()
 
 
-def test_the_lab_tags_are_computed_by_the_same_lines_in_every_group_file():
-    # grpo.py's lines are checked on real logs above; the siblings must compute the tags the same way
-    # (dapo.py on its task accuracies, since its reward also carries the overlong penalty).
-    tags = ("lengths, right = ", "charts/right_response_length", "charts/wrong_response_length", "charts/zero_signal_fraction")
-
-    def lines(script):
+def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
+    # grpo.py's tags are checked on real logs above; every sibling logs them through the same function of
+    # common/llm.py (dapo.py on its task accuracies, since its reward also carries the overlong penalty)
+    calls = {}
+    for script in ("grpo.py", "dr_grpo.py", "dapo.py", "gspo.py", "sapo.py"):
         with open(os.path.join(ROOT, script)) as f:
-            source = f.read().replace("accuracies", "rewards") if script == "dapo.py" else f.read()
-        found = [line.strip() for line in source.splitlines() if any(tag in line for tag in tags)]
-        assert len(found) == len(tags), (script, found)
-        return found
-
-    assert all(lines(script) == lines("grpo.py") for script in ("dr_grpo.py", "dapo.py", "gspo.py", "sapo.py"))
+            source = f.read()
+        assert "charts/zero_signal_fraction" not in source and "right_response_length" not in source, script
+        calls[script] = [line.strip() for line in source.splitlines() if "rollout_stats(" in line and "import" not in line]
+    assert calls["grpo.py"] == ["scalars = rollout_stats(rewards, rewards, mask, truncated, entropies, args.group_size)"]
+    assert calls["dapo.py"] == [
+        "scalars = {**rollout_stats(rewards, accuracies, mask, truncated, entropies, args.group_size), **sampling}"]
+    assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]

@@ -2,8 +2,8 @@
 
 import os
 import re
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_ci_runs_the_readme_test_command():

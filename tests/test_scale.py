@@ -1,16 +1,16 @@
-"""common/scale.py: its argument checks, and one tiny run that fills a row of the table."""
+"""common/tools/scale.py: its argument checks, and one tiny run that fills a row of the table."""
 
 import os
 import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def scale(*flags):
-    return subprocess.run([sys.executable, "-m", "common.scale", *flags], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "common.tools.scale", *flags], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

@@ -1,4 +1,4 @@
-"""common/sidebyside.py: the produced HTML, parsed back with html.parser, has the promised structure.
+"""common/tools/sidebyside.py: the produced HTML, parsed back with html.parser, has the promised structure.
 
 Small fixture files stand in for the algorithm files, so these tests do not depend on them.
 """
@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from common import sidebyside
+from common.tools import sidebyside
 
 FILLER_1 = [f"VALUE_{k} = {k}" for k in range(20)]  # long unchanged runs: must be folded
 FILLER_2 = [f"OTHER_{k} = {k}" for k in range(20)]
@@ -326,7 +326,7 @@ def test_command_line_from_another_folder(root, tmp_path):
     """The real CLI: file names resolve against the root, and a missing file is one line, no traceback."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo)
-    cmd = [sys.executable, "-m", "common.sidebyside", "--root", str(root)]
+    cmd = [sys.executable, "-m", "common.tools.sidebyside", "--root", str(root)]
     ok = subprocess.run(cmd + ["grpo.py", "dapo.py", "-o", "p.html"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ok.returncode == 0 and (tmp_path / "p.html").exists(), ok.stderr
     bad = subprocess.run(cmd + ["grpo.py", "missing.py"], cwd=tmp_path, env=env, capture_output=True, text=True)

@@ -1,12 +1,12 @@
-"""The two toy failures of common/toys.py (common/EQUATIONS.md#sec-toy-pathologies): exact numbers and MC checks."""
+"""The two toy failures of common/lab/toys.py (common/EQUATIONS.md#sec-toy-pathologies): exact numbers and MC checks."""
 
 import math
 
 import numpy as np
 import pytest
 
-from common import toys
-from common.toys import PI, PI_NEW, mixture
+from common.lab import toys
+from common.lab.toys import PI, PI_NEW, mixture
 
 
 def test_three_state_mdp_exact_numbers():

@@ -1,13 +1,13 @@
 """Scale benchmark: a group script on a randomly initialised model of a real configuration.
 
-    python -m common.scale                                              # GPT-2 124M, the four variants, on CPU
-    python -m common.scale --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
-    python -m common.scale --configs qwen2.5-0.5b qwen2.5-1.5b --variants full lora   # on a GPU box
+    python -m common.tools.scale                                              # GPT-2 124M, the four variants, on CPU
+    python -m common.tools.scale --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
+    python -m common.tools.scale --configs qwen2.5-0.5b qwen2.5-1.5b --variants full lora   # on a GPU box
 
 No weights are downloaded: the model is built from its configuration (the real layer count, widths,
 heads and vocabulary) with random weights, next to a small BPE tokenizer, and saved to a temporary
 folder; its cost per iteration is that of the real model (random weights only change what is said).
-Each variant runs `python <script> --model <folder> ...` as a subprocess, like common/benchmark.py, and
+Each variant runs `python <script> --model <folder> ...` as a subprocess, like common/tools/benchmark.py, and
 reads back its TensorBoard log:
 
     seconds per iteration, split generation / log-probs (policy + reference) / update,
@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # The real configurations (from their config.json on the hub), with which AutoConfig.for_model builds them.
 CONFIGS = {

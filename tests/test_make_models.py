@@ -1,7 +1,7 @@
-"""common/make_tiny_model.py writes where the user says and never replaces a model without --overwrite."""
+"""common/models/make_tiny_model.py writes where the user says and never replaces a model without --overwrite."""
 import pytest
 
-from common import make_tiny_model
+from common.models import make_tiny_model
 
 
 def test_existing_output_folder_is_refused_in_one_line(tmp_path):

@@ -1,10 +1,10 @@
 """Mutation testing of the nine algorithm files: break the math on purpose, one place at a time, and check
 that the test suite notices.
 
-    python -m common.mutate                          # every file: about an hour on 2 cores
-    python -m common.mutate --files dapo.py trpo.py  # some files
-    python -m common.mutate --list                   # the mutants, without running anything
-    python -m common.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
+    python -m tests.mutate                          # every file: about an hour on 2 cores
+    python -m tests.mutate --files dapo.py trpo.py  # some files
+    python -m tests.mutate --list                   # the mutants, without running anything
+    python -m tests.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
 
 Each mutant is one small edit of one algorithm file. The tree is copied once per worker to a temporary
 folder; for each mutant the worker writes the edited file there, runs pytest -x -q on the test files of that
@@ -79,8 +79,9 @@ CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip 
 REGIONS = {
     **{f: dict(functions=GROUP_FUNCTIONS, blocks=[("# 4. Rewards", "# Log-probs of the sampled tokens")],
                skip=GROUP_SKIP) for f in GROUP},
-    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_signal", "fill_batch"],
-                    blocks=[("# Dynamic sampling:", "logprob_start = ")], skip=GROUP_SKIP),
+    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_signal", "fill_batch", "dynamic_sampling"],
+                    blocks=[("# The loss sees the tokens of signal groups", "# Log-probs of the sampled tokens")],
+                    skip=GROUP_SKIP),
     **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
 }
 
@@ -511,7 +512,7 @@ def copy_tree(destination: str) -> None:
 
 
 def serve(workdir: str) -> None:
-    """A worker (python -m common.mutate --serve DIR): imports torch and transformers once, then for each request
+    """A worker (python -m tests.mutate --serve DIR): imports torch and transformers once, then for each request
     line [file, timeout] forks a child that runs pytest on DIR as it is now, and answers 'passed', 'failed' or
     'timeout' and the seconds. Forking saves the ~5 s of imports that a fresh pytest process pays per mutant."""
     os.chdir(workdir)
@@ -551,7 +552,7 @@ class Worker:
         self.folder = folder
         copy_tree(folder)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}  # no stale bytecode of a mutant
-        self.process = subprocess.Popen([sys.executable, "-m", "common.mutate", "--serve", folder], cwd=ROOT, env=env,
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.mutate", "--serve", folder], cwd=ROOT, env=env,
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
     def run(self, file: str, source: Optional[str], timeout: float) -> tuple[str, float]:

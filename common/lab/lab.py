@@ -1,16 +1,16 @@
 """The lab: small experiments that show *why* each group method exists. One command each:
 
     python -m common.lab length-bias        # GRPO's 1/|o_i| vs Dr. GRPO and DAPO: length of right and wrong responses
-                                            # (on the long model, then on a tabular length policy: common/toys.py)
+                                            # (on the long model, then on a tabular length policy: common/lab/toys.py)
     python -m common.lab clip-higher        # DAPO with a symmetric clip vs its ε_high: entropy and accuracy
     python -m common.lab dynamic-sampling   # GRPO vs DAPO: zero-signal groups, accuracy per generated sample
     python -m common.lab off-policy         # 16 minibatch steps per rollout: GRPO vs GSPO vs SAPO
     python -m common.lab toy-pathologies    # the two toy failures behind trust regions (exact + Monte Carlo)
     python -m common.lab all                # everything above, one after the other
 
-On the embedded tiny model (common/tiny_model) the methods look alike: its answers are 2-5 tokens,
+On the embedded tiny model (common/models/tiny_model) the methods look alike: its answers are 2-5 tokens,
 so length, entropy and off-policy questions hardly arise. The lab uses the second embedded model,
-common/long_model (made by common/make_long_model.py): on the task "reverse" it answers and then
+common/models/long_model (made by common/models/make_long_model.py): on the task "reverse" it answers and then
 hesitates for a random number of dots, so responses are 4 to 48 tokens long, and their length does
 not decide the reward. Each experiment runs algorithm files as subprocesses (`python grpo.py ...`,
 never imported) with 3 seeds, `--parallel` runs at a time (each pinned to one core with
@@ -35,13 +35,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from common.benchmark import read_scalars
+from common.tools.benchmark import read_scalars
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOOTH = 5  # moving-average window (iterations) of the plotted per-iteration curves
 
 # Every run: the long model on "reverse", bare prompts, room for the longest hesitation (48 tokens) and more.
-COMMON = ["--model", "common/long_model", "--task", "reverse", "--few-shot", "0", "--max-new-tokens", "64",
+COMMON = ["--model", "common/models/long_model", "--task", "reverse", "--few-shot", "0", "--max-new-tokens", "64",
           "--prompts-per-iteration", "16", "--group-size", "8", "--eval-every", "10", "--eval-size", "200"]
 
 
@@ -378,7 +378,7 @@ def main(argv=None):
     names = [*EXPERIMENTS, TOY] if args.experiment == "all" else [args.experiment]
     for name in names:
         if name == TOY:  # no algorithm file involved: exact computations and a Monte Carlo check
-            from common import toys
+            from common.lab import toys
             toys.main(["--out", args.out, "--seeds", *map(str, args.seeds)])
             continue
         data_path = os.path.join(args.out, f"{name}.json")
@@ -395,7 +395,7 @@ def main(argv=None):
         write_report(name, results, seeds, wall, os.path.join(args.out, f"{name}.md"), num_iterations)
         plot(name, results, os.path.join(args.out, f"{name}.png"))
         if name == "length-bias":  # the same question on a policy that can tell right from wrong (seconds, exact)
-            from common import toys
+            from common.lab import toys
             toys.length_bias_main(["--out", args.out, "--seeds", *map(str, seeds)])
         print(f"[lab] {name}: {wall / 60:.1f} min; wrote {os.path.join(args.out, name)}.png/.md/.json")
 

@@ -1,10 +1,10 @@
-"""Make the embedded tiny model: `python -m common.make_tiny_model --out DIR` (13-20 min on one CPU core).
+"""Make the embedded tiny model: `python -m common.models.make_tiny_model --out DIR` (13-20 min on one CPU core).
 
 The group scripts (grpo.py, dr_grpo.py, dapo.py, gspo.py, sapo.py) default to this model so
 that they run and learn offline on a CPU. It is an ordinary Hugging Face causal LM: a small
 GPT-2 (2 layers, width 128, 0.4M parameters) with a character-level tokenizer, saved with
 `save_pretrained` and loaded with `AutoModelForCausalLM.from_pretrained`, exactly like `--model gpt2`.
-The shipped copy is common/tiny_model/; this script writes to the folder you name with --out
+The shipped copy is common/models/tiny_model/; this script writes to the folder you name with --out
 (default runs/tiny_model), never over an existing folder unless --overwrite is given, and the
 result is used with `python grpo.py --model DIR` (any group script).
 
@@ -108,7 +108,7 @@ def parser(name: str, doc: str, steps: int, batch_size: int) -> argparse.Argumen
     """The flags of a make_*_model script (this one and make_long_model.py); --out defaults to runs/<name>."""
     p = argparse.ArgumentParser(prog=f"python -m common.make_{name}", description=doc.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default=os.path.join("runs", name), help=f"output folder (the shipped model is common/{name})")
+    p.add_argument("--out", default=os.path.join("runs", name), help=f"output folder (the shipped model is common/models/{name})")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
     p.add_argument("--seed", type=int, default=0, help="seeds data, init and sampling")
     p.add_argument("--steps", type=int, default=steps, help="optimiser steps")

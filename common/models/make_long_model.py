@@ -1,12 +1,12 @@
-"""Make the embedded long model: `python -m common.make_long_model --out DIR` (about 7 min on one CPU core).
+"""Make the embedded long model: `python -m common.models.make_long_model --out DIR` (about 7 min on one CPU core).
 
-The lab (`python -m common.lab`) needs what the embedded tiny model (common/tiny_model) cannot
+The lab (`python -m common.lab`) needs what the embedded tiny model (common/models/tiny_model) cannot
 give: responses that are long and vary in length, so that the questions separating GRPO,
 Dr. GRPO, DAPO, GSPO and SAPO (length normalisation, entropy, many steps on one rollout) arise.
-This script makes that model with the pieces of common/make_tiny_model.py (tokenizer, model,
+This script makes that model with the pieces of common/models/make_tiny_model.py (tokenizer, model,
 training loop, saving): an ordinary Hugging Face causal LM (GPT-2, 2 layers, width 128, one token
 per character) written with `save_pretrained`; the shipped
-copy is common/long_model/, and this script writes to --out (default runs/long_model), never over
+copy is common/models/long_model/, and this script writes to --out (default runs/long_model), never over
 an existing folder unless --overwrite is given.
 
 What it learns: the task "reverse" of common/tasks.py ("reverse 48213=" -> "31284"), and then to
@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from common.make_tiny_model import corrupt, left_pad, parser, save, setup, train
+from common.models.make_tiny_model import corrupt, left_pad, parser, save, setup, train
 from common.tasks import TASKS
 
 CHARS = list("0123456789abcdefghijklmnopqrstuvwxyz .=")  # one token per character (make_tiny_model.py says why)

@@ -34,9 +34,9 @@ and of the binomial count of 1-actions), then checked by Monte Carlo, once per -
 computes its expected gradients in closed form and by enumerating every outcome of a small batch, then
 trains the length policy by SGD, once per method and --seeds value.
 
-    python -m common.toys                              # writes common/results/lab/toy_pathologies.png
-    python -m common.toys --out /tmp/lab --seeds 1 2 3 4 5
-    python -m common.toys length-bias                  # writes common/results/lab/length_bias_toy.png
+    python -m common.lab.toys                              # writes common/results/lab/toy_pathologies.png
+    python -m common.lab.toys --out /tmp/lab --seeds 1 2 3 4 5
+    python -m common.lab.toys length-bias                  # writes common/results/lab/length_bias_toy.png
 
 Only numpy is needed; the figure needs matplotlib (imported lazily).
 """
@@ -222,7 +222,7 @@ def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Examples 1 and 2: the two toy failures behind trust regions "
-                                     "(example 3: python -m common.toys length-bias --help)")
+                                     "(example 3: python -m common.lab.toys length-bias --help)")
     parser.add_argument("--out", default=os.path.join("common", "results", "lab"), help="folder for the figure")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one Monte Carlo run per seed")
     parser.add_argument("--episodes", type=int, default=100_000, help="Example 1: episodes per α and seed")

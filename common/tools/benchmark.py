@@ -1,8 +1,8 @@
 """Benchmark runner: run algorithm scripts as subprocesses and tabulate their tensorboard logs.
 
-    python -m common.benchmark --algos vpg a2c trpo ppo --env-id CartPole-v1 --seeds 1 2 3 --core 1
-    python -m common.benchmark --algos ppo --env-id Pendulum-v1 --seeds 1 2 3 -- --gamma 0.95
-    python -m common.benchmark --algos grpo dapo --seeds 1 2 --threshold 0.8 -- --num-iterations 100
+    python -m common.tools.benchmark --algos vpg a2c trpo ppo --env-id CartPole-v1 --seeds 1 2 3 --core 1
+    python -m common.tools.benchmark --algos ppo --env-id Pendulum-v1 --seeds 1 2 3 -- --gamma 0.95
+    python -m common.tools.benchmark --algos grpo dapo --seeds 1 2 --threshold 0.8 -- --num-iterations 100
 
 Each run is `python <algo>.py --seed N [--env-id ENV] <args after -->`, pinned to one core with
 `taskset -c <core>` (--core, default 0; --no-pin for none) and OMP_NUM_THREADS=1 (the way the README's
@@ -39,7 +39,7 @@ import textwrap
 import time
 from dataclasses import dataclass, field
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @dataclass
@@ -312,12 +312,12 @@ def plot(path, fam, label, thresholds, curves):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
-    command = shlex.join(["python", "-m", "common.benchmark"] + argv)  # recorded above the tables
+    command = shlex.join(["python", "-m", "common.tools.benchmark"] + argv)  # recorded above the tables
     extra = []
     if "--" in argv:  # everything after `--` goes to the scripts unchanged
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(prog="python -m common.benchmark", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m common.tools.benchmark", description=__doc__.split("\n\n")[0],
                                 epilog="Arguments after -- are passed to every script.",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)  # --help shows defaults
     p.add_argument("--algos", nargs="+", required=True, help="scripts to run, e.g. vpg a2c trpo ppo (or grpo dapo ...)")

@@ -2,8 +2,8 @@
 
 Usage (from any folder; file names are relative to the repository root):
 
-    python -m common.sidebyside grpo.py dapo.py -o dapo.html   # one page
-    python -m common.sidebyside --all -o /tmp/sidebyside       # every pair of the diff guide + index.html
+    python -m common.tools.sidebyside grpo.py dapo.py -o dapo.html   # one page
+    python -m common.tools.sidebyside --all -o /tmp/sidebyside       # every pair of the diff guide + index.html
 
 Each page is one self-contained HTML file (inline CSS and a few lines of JS, no network):
 the two files in two aligned columns with line numbers, changed lines highlighted
@@ -22,7 +22,7 @@ import os
 import re
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the folder above common/
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 # The diff guide: the learning path through the classic files, then each group method against GRPO.
 PAIRS = [
@@ -525,7 +525,7 @@ def write_equations(out_dir, root=ROOT):
 # ---------------------------------------------------------------- command line
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m common.sidebyside", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m common.tools.sidebyside", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*", help="two files, relative to the repository root (e.g. grpo.py dapo.py)")
     parser.add_argument("--all", action="store_true", help="every pair of the diff guide, plus index.html")
     parser.add_argument("-o", "--output", help="page to write (a folder with --all); default: sidebyside/ in the repository")

@@ -1,12 +1,12 @@
 """grpo.py side by side with Hugging Face TRL's GRPOTrainer: same model, task, batch and hyperparameters.
 
-    python -m common.compare_trl                                   # seeds 1-3, ~15 minutes on one core
-    python -m common.compare_trl --settings                        # only the two resolved configurations
-    python -m common.compare_trl --seeds 1 --num-iterations 20     # a quick look
-    python -m common.compare_trl --out common/results/trl.md       # also write the tables to a file
+    python -m common.tools.compare_trl                                   # seeds 1-3, ~15 minutes on one core
+    python -m common.tools.compare_trl --settings                        # only the two resolved configurations
+    python -m common.tools.compare_trl --seeds 1 --num-iterations 20     # a quick look
+    python -m common.tools.compare_trl --out common/results/trl.md       # also write the tables to a file
 
 Three variants, each run as its own subprocess pinned to one core (OMP_NUM_THREADS=1), the way
-common/benchmark.py runs the scripts, and interleaved by seed (grpo seed 1, trl seed 1, trl-hook
+common/tools/benchmark.py runs the scripts, and interleaved by seed (grpo seed 1, trl seed 1, trl-hook
 seed 1, grpo seed 2, ...) so that whatever else loads the machine hits all three alike:
   grpo      `python grpo.py --seed N` with its defaults;
   trl       GRPOTrainer configured to match those defaults as closely as TRL allows (`trl_config`);
@@ -45,11 +45,11 @@ import tempfile
 import time
 import warnings
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # grpo.py is imported by the worker
 
-from common.benchmark import read_scalars  # noqa: E402  (standard library + tensorboard only)
+from common.tools.benchmark import read_scalars  # noqa: E402  (standard library + tensorboard only)
 
 VARIANTS = ("grpo", "trl", "trl-hook")
 OPTIONAL = ("trl", "datasets", "accelerate")  # imported only by the TRL side
@@ -84,7 +84,7 @@ def require_optional() -> None:
     missing = [name for name in OPTIONAL if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(
-            f"error: python -m common.compare_trl needs {', '.join(missing)}, optional dependencies of this tool "
+            f"error: python -m common.tools.compare_trl needs {', '.join(missing)}, optional dependencies of this tool "
             f"only (not in requirements.txt): {INSTALL}"
         )
 
@@ -288,18 +288,20 @@ def trl_worker(seed: int, num_iterations: int, hook: bool) -> None:
     from trl import GRPOTrainer
 
     import grpo
+    from common import llm
     from common.tasks import EVAL_SEED, get_task
 
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated")  # transformers' rename, not ours
     g = grpo.Args(seed=seed, num_iterations=num_iterations)
+    llm.resolve_defaults(g)  # the embedded model's learning rate and response cap
     name = "trl-hook" if hook else "trl"
     run_name = f"{g.task}__{name}__{seed}__{int(time.time())}"
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     device = torch.device("cpu")
-    tokenizer, model = grpo.load_policy(g.model, grpo.resolve_model_path(g.model), device)
+    tokenizer, model = llm.load_policy(g.model, llm.resolve_model_path(g.model), device)
     task = get_task(g.task)
     # grpo.py draws B prompts per iteration from random.Random(seed): the same stream, all at once.
     pairs = task.prompts(g.prompts_per_iteration * g.num_iterations, random.Random(seed))
@@ -370,7 +372,7 @@ def command(variant: str, seed: int, num_iterations: int) -> list[str]:
     if variant == "grpo":
         return [sys.executable, os.path.join(ROOT, "grpo.py"), "--seed", str(seed), "--num-iterations", str(num_iterations),
                 "--no-cuda"]
-    return [sys.executable, "-m", "common.compare_trl", "--worker", variant, "--seed", str(seed),
+    return [sys.executable, "-m", "common.tools.compare_trl", "--worker", variant, "--seed", str(seed),
             "--num-iterations", str(num_iterations)]
 
 
@@ -479,7 +481,7 @@ def markdown(results: dict, threshold: float) -> str:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m common.compare_trl", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m common.tools.compare_trl", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                    help="what to run: grpo.py, TRL as configured, TRL with the position-id hook")
@@ -542,7 +544,7 @@ def main(argv=None):
                       f"iterations to {args.threshold:g}: {fmt(row, 'x_to', '{:.0f}')}, final {row['final']:.3f}",
                       file=sys.stderr, flush=True)
 
-    cmd = shlex.join(["python", "-m", "common.compare_trl"] + argv)
+    cmd = shlex.join(["python", "-m", "common.tools.compare_trl"] + argv)
     text = (f"`{cmd}`\n\nTRL {trl_version()}, one core per run (taskset, OMP_NUM_THREADS=1), seeds "
             f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on 200 test prompts, sampled at temperature 1; "
             f"'training seconds' count from the end of the iteration-0 evaluation; 'start-up' from process launch to it.\n\n"

@@ -1,9 +1,9 @@
-"""common/benchmark.py: threshold detection, tables for both families, and one end-to-end run."""
+"""common/tools/benchmark.py: threshold detection, tables for both families, and one end-to-end run."""
 import math
 
 import pytest
 
-from common import benchmark as B
+from common.tools import benchmark as B
 
 
 def test_running_means():
@@ -79,7 +79,7 @@ def test_end_to_end_ppo(tmp_path, capsys):
     steps_to, seconds_to, low_after, final = int(cells[2].replace(",", "")), *map(float, cells[3:6])
     assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30 and low_after <= final
     assert "| ppo | 1/1 |" in text
-    assert text.startswith("`python -m common.benchmark --algos ppo --seeds 1 --no-pin")  # the command comes first
+    assert text.startswith("`python -m common.tools.benchmark --algos ppo --seeds 1 --no-pin")  # the command comes first
 
 
 def test_help_shows_every_default_and_the_classic_targets(capsys):

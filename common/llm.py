@@ -1,0 +1,443 @@
+"""What every group file (grpo.py, dr_grpo.py, dapo.py, gspo.py, sapo.py) needs and none of them is about.
+
+The algorithm files keep the method whole: the math, how responses are sampled from π_θold and
+scored, the update phase and the main loop. This module holds the rest, once, taking plain values:
+
+1. the flags that are not the method (`ModelArgs`), their checks, and the defaults that depend on
+   the model's scale (an embedded toy model or a real LLM);
+2. loading a model: a hub id (cached, offline errors in one line), a local folder or a .gguf file;
+   dropout off; LoRA adapters;
+3. what the model reads and where its answer ends: chat template or few-shot examples, the stop cut;
+4. several processes under torchrun: process group, gradient sync, cross-process means;
+5. the bookkeeping of an iteration: phase timings, TensorBoard tags, the console line, evaluations.
+"""
+
+import contextlib
+import os
+import random
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from common.tasks import EVAL_SEED, get_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EMBEDDED_MODELS = os.path.join(ROOT, "common", "models")  # the toy models shipped with the repo
+
+
+# ---------------------------------------------------------------- the flags that are not the method
+
+@dataclass
+class ModelArgs:
+    """Model, prompts, memory, evaluation and bookkeeping: the flags of every group file that are not its method
+    (each file's `Args` adds its own). A field left at None is resolved per model by `resolve_defaults`."""
+
+    # Model and task
+    model: str = "common/models/tiny_model"
+    """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder or a .gguf file. The default is the embedded tiny model."""
+    task: str = "addition"
+    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
+    countdown, reverse (for common/models/long_model), or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    few_shot: Optional[int] = None
+    """base models (no chat template): solved training examples shown before each question, and the response ends
+    where the answer does; default: the task's (2-3), 0 for the embedded models (trained on bare questions)"""
+    system_prompt: Optional[str] = None
+    """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
+    # Memory: models that do not fit with full fine-tuning
+    lora_rank: int = 0
+    """LoRA rank r: train low-rank adapters on every linear layer of attention and MLP instead of all weights (0 = full fine-tuning)"""
+    lora_alpha: float = 32.0
+    """LoRA scale α: the adapter's update is (α / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass instead of storing them: less memory, ~30 % more update time"""
+    # Evaluation and bookkeeping
+    eval_every: int = 10
+    """evaluate on the held-out split every this many iterations (and at the start and the end)"""
+    eval_size: Optional[int] = None
+    """held-out prompts per evaluation; default: 200 for the embedded models, 100 for real models (two passes each)"""
+    seed: int = 1
+    """seed of random, numpy and torch (prompts, sampling, initial state); process k of torchrun uses seed + k"""
+    cuda: bool = True
+    """use the GPU (with bfloat16 autocast) when there is one"""
+    save_model: bool = False
+    """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
+
+    def __post_init__(self):
+        # Runs whenever Args is built (by tyro from the command line too): the scale defaults are never left at None.
+        self.defaults_used = resolve_defaults(self)
+
+
+def is_embedded(model: str) -> bool:
+    """True for the toy models shipped in common/models/, which keep the small-scale defaults."""
+    folder = model if os.path.isabs(model) else os.path.join(ROOT, model)
+    return os.path.dirname(os.path.normpath(folder)) == EMBEDDED_MODELS
+
+
+# Defaults that depend on the model's scale: (embedded toy model, real LLM, where the real value comes from).
+SCALE_DEFAULTS = {
+    "learning_rate": (3e-4, 1e-6, "TRL's GRPOConfig and DeepSeekMath's GRPO; with LoRA 1e-5, ~10× full fine-tuning's"),
+    "max_new_tokens": (8, 256, "TRL's GRPOConfig max_completion_length"),
+    "eval_size": (200, 100, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
+    # DAPO's L_cache: a fixed 3 tokens for the toy models; a real model's is 20 % of the cap (4096 of 20480 in the paper)
+    "overlong_buffer": (3, None, "DAPO: 4,096 of 20,480 tokens, i.e. a fifth of the cap"),
+}
+
+
+def resolve_defaults(args) -> list[str]:
+    """Fill the scale-dependent fields the user left at None (a typed flag always wins); returns one line per
+    field filled, for the console. The embedded models keep the values they were tuned with.
+    A value out of range is left for check_args to refuse in one line."""
+    embedded = is_embedded(args.model)
+    lines = []
+    for name, (toy, real, source) in SCALE_DEFAULTS.items():
+        if not hasattr(args, name) or getattr(args, name) is not None:
+            continue
+        value = toy if embedded else real
+        if name == "learning_rate" and not embedded and args.lora_rank > 0:
+            value = 1e-5
+        if name == "overlong_buffer" and not embedded:
+            value = max(args.max_new_tokens // 5, 0)
+        setattr(args, name, value)
+        lines.append(f"--{name.replace('_', '-')} {value}  ({'the embedded models' if embedded else source})")
+    if args.few_shot is None:
+        try:
+            args.few_shot = 0 if embedded else get_task(args.task).default_few_shot
+        except ValueError:
+            pass  # an unknown task: check_args names it
+    return lines
+
+
+def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
+    """Refuse bad input with one clear line, before anything heavy is loaded: the shared flags, then the method's."""
+    checks = [
+        (args.few_shot is None or args.few_shot >= 0, f"--few-shot must be >= 0, got {args.few_shot}"),
+        *method_checks,
+        (args.lora_rank >= 0, f"--lora-rank must be >= 0 (0 = full fine-tuning), got {args.lora_rank}"),
+        (args.lora_alpha > 0, f"--lora-alpha must be > 0, got {args.lora_alpha}"),
+        (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
+        (args.eval_size is None or args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise SystemExit(f"error: {message}")
+    try:
+        get_task(args.task)  # a .jsonl file is read here: a malformed line is named before the model loads
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+
+
+# ---------------------------------------------------------------- the model: finding it, loading it, dropout, LoRA
+
+def resolve_model_path(model: str) -> str:
+    """A folder or .gguf file (the embedded models are named relative to the repo), or a hub id found in the
+    local cache or on the hub.
+
+    Checked before anything heavy: without network, a hub id that is not cached gets one line within seconds,
+    not a minute of download retries.
+    """
+    if not os.path.isabs(model) and os.path.exists(os.path.join(ROOT, model)):
+        model = os.path.join(ROOT, model)  # the embedded models, named relative to the repository
+    if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise SystemExit(f"error: --model {model!r}: no such .gguf file")
+        return model
+    if os.path.isdir(model):
+        return model
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
+        raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' or 'org/name')")
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    cached_config = try_to_load_from_cache(model, "config.json")
+    if isinstance(cached_config, str):
+        return os.path.dirname(cached_config)  # the cached snapshot: loads without asking the network
+    download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
+        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {download}")
+    try:
+        model_info(model, timeout=10)
+    except RepositoryNotFoundError:
+        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub (a typo? a private model needs `hf auth login`)")
+    except Exception as e:  # no network, DNS failure, time-out, proxy: whatever stops the download
+        raise SystemExit(f"error: --model {model!r} is not in the local cache and the hub cannot be reached "
+                         f"({type(e).__name__}): {download}")
+    return model
+
+
+def disable_dropout(model) -> None:
+    """Every dropout probability of the model to 0 (hub configs have them: gpt2's are 0.1).
+
+    Sampling and the old log-probs run in eval mode, the update in train mode. With dropout on, the
+    first update would score the sampled tokens with another (random) function than the one that
+    sampled them, and the ratio π_θ/π_θold would be noise instead of exactly 1.
+    """
+    for key, value in model.config.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            setattr(model.config, key, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):  # e.g. Llama's attention_dropout, read at forward time
+                setattr(module, name, 0.0)
+
+
+def load_policy(name: str, model_path: str, device):
+    """Tokenizer and model from a hub id, a folder or a .gguf file, dropout off, ready for left-padded batched generation."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # one console line per iteration, no loading bars
+    folder, gguf = (os.path.dirname(model_path), {"gguf_file": os.path.basename(model_path)}) if model_path.endswith(".gguf") else (model_path, {})
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses could never end")
+        AutoConfig.from_pretrained(folder, trust_remote_code=False, **gguf)  # fails fast, without asking, on custom code
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **gguf)
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise SystemExit(f"error: --model {name!r} needs its own code from the hub (trust_remote_code); "
+                             "this script runs only architectures that transformers ships")
+        raise SystemExit(f"error: --model {name!r} could not be loaded: {str(e).splitlines()[0]}")
+    if gguf:  # transformers dequantised the file; a model loaded so refuses save_pretrained, its copy does not
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config, model = model.generation_config, plain
+    model = model.to(device)
+    disable_dropout(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it
+    tokenizer.padding_side = "left"  # generation appends at the right end of every row
+    return tokenizer, model
+
+
+def add_lora(model, rank: int, alpha: float):
+    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze the model's weights W and learn W + (α/r) B A on every
+    linear layer of attention and MLP (peft's "all-linear": all but the output head). B starts at 0, so the
+    policy starts as the model itself. Adapter dropout is 0 for the same reason as in disable_dropout."""
+    from peft import LoraConfig, get_peft_model
+
+    warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D layers: peft handles them, and says so
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft calls the old name
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0)
+    return get_peft_model(model, config)
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a response: the tokenizer's EOS and any end token of the model's generation config
+    (a chat model's end of turn, e.g. Qwen's <|im_end|> next to <|endoftext|>)."""
+    config_eos = model.generation_config.eos_token_id
+    config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
+    return sorted({tokenizer.eos_token_id, *config_eos})
+
+
+def save_model(model, tokenizer, folder: str) -> None:
+    """Write to a temporary folder, then rename, so an interrupted save never leaves a half-written model.
+    With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge."""
+    tmp = folder + ".tmp"
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    os.replace(tmp, folder)
+
+
+# ---------------------------------------------------------------- what the model reads, and where its answer ends
+
+def format_prompts(tokenizer, task, prompts: list[str], few_shot: int, system_prompt: Optional[str]) -> list[str]:
+    """What the model reads. A chat model: its chat template, with the question and the task's answer format
+    in the user turn (after the system prompt). A base model: `few_shot` solved examples from the training
+    split, then the question, so that it answers in the format the reward reads; 0 examples: the bare question."""
+    if tokenizer.chat_template is not None:
+        system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        return [
+            tokenizer.apply_chat_template(
+                system + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False, add_generation_prompt=True
+            )
+            for p in prompts
+        ]
+    if not few_shot:
+        return prompts
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in task.examples(few_shot, random.Random(EVAL_SEED)))
+    return [f"{shots}Question: {p}\nAnswer:" for p in prompts]
+
+
+def answer_stop(tokenizer, task, few_shot: int) -> Optional[str]:
+    """Where a few-shot base model's answer ends: at the first newline, or at the blank line that separates the
+    examples when their answers span lines. Without the cut it would run on into a question of its own, and
+    the reward would read the wrong number. Chat models and bare questions end at an EOS token."""
+    if tokenizer.chat_template is not None or not few_shot:
+        return None
+    multi_line = any("\n" in a for _, a in task.examples(few_shot, random.Random(EVAL_SEED)))
+    return "\n\n" if multi_line else "\n"
+
+
+def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
+    """mask [N, T] ended at the token that completes the first `stop` string (the token included, like an EOS):
+    the shortest prefix whose text holds it, found by bisection, since one token may hold several characters."""
+    lengths = []
+    for row, n in zip(responses.tolist(), mask.sum(dim=1).long().tolist()):
+        low, high = 1, n
+        if stop in tokenizer.decode(row[:n]):
+            while low < high:
+                middle = (low + high) // 2
+                if stop in tokenizer.decode(row[:middle]):
+                    high = middle
+                else:
+                    low = middle + 1
+        lengths.append(high)
+    positions = torch.arange(responses.shape[1], device=responses.device)
+    return (positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)).float()
+
+
+def decode(tokenizer, responses: Tensor, mask: Tensor) -> list[str]:
+    """Response text after the prompt, up to the first EOS."""
+    lengths = mask.sum(dim=1).long().tolist()
+    return tokenizer.batch_decode([row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True)
+
+
+def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
+    """Stack [n_k, width_k] tensors of several sampling rounds, padding each to the widest one."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value) for t in tensors])
+
+
+def check_prompt_length(tokenizer, model, texts: list[str], max_new_tokens: int) -> None:
+    """One line, before training, when prompt + response would not fit in the model's positions."""
+    longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
+    if longest + max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
+        raise SystemExit(f"error: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
+                         f"model's {model.config.max_position_embeddings} positions: lower --few-shot or --max-new-tokens")
+
+
+# ---------------------------------------------------------------- several processes (torchrun): data parallel
+
+def init_distributed(use_cuda: bool) -> tuple[int, int, torch.device]:
+    """rank, number of processes, device. Under torchrun (WORLD_SIZE > 1) join the process group: NCCL
+    between GPUs, gloo between CPU processes. A plain `python grpo.py` is process 0 of 1 and joins nothing."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = use_cuda and torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if world_size == 1:
+        return 0, 1, device
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return torch.distributed.get_rank(), world_size, device
+
+
+def gradient_sync(model, last: bool):
+    """DDP all-reduces gradients in every backward pass; within one optimiser step only the last micro-batch needs it."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+def global_mean(value: float) -> float:
+    """Mean of a per-process number over all processes (itself in one process): what rank 0 logs is the whole batch's."""
+    if not torch.distributed.is_initialized():
+        return value
+    total = torch.tensor([value], dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    torch.distributed.all_reduce(total)
+    return total.item() / torch.distributed.get_world_size()
+
+
+# ---------------------------------------------------------------- the bookkeeping of an iteration
+
+def rollout_stats(rewards: Tensor, accuracies: Tensor, mask: Tensor, truncated: Tensor, entropies: Tensor, group_size: int) -> dict:
+    """What one iteration's samples look like (this process's share): the tags every group file logs.
+    `accuracies` is the task's reward (1 = right); `rewards` may add shaping to it (DAPO's length penalty)."""
+    lengths, right = mask.sum(dim=1).float(), (accuracies == 1).float()
+    return {
+        "charts/reward": rewards.mean().item(),
+        "charts/response_length": lengths.mean().item(),
+        "charts/right_response_length": ((lengths * right).sum() / right.sum().clamp(min=1)).item(),  # 0 if none
+        "charts/wrong_response_length": ((lengths * (1 - right)).sum() / (1 - right).sum().clamp(min=1)).item(),
+        # a group whose answers are all right or all wrong has Â = 0: it teaches nothing
+        "charts/zero_signal_fraction": (accuracies.view(-1, group_size).std(dim=1) == 0).float().mean().item(),
+        "charts/truncated_fraction": truncated.float().mean().item(),
+        "losses/entropy": ((entropies * mask).sum() / mask.sum().clamp(min=1)).item(),
+    }
+
+
+class IterationLog:
+    """Timings, TensorBoard, the console line and the evaluation schedule of a group script's main loop.
+
+    Every process times its phases and joins the cross-process means; process 0 alone writes, prints and
+    evaluates. `evaluate()` returns the held-out (sampled, greedy) accuracy.
+    """
+
+    def __init__(self, run_name: str, hyperparameters: dict, num_iterations: int, eval_every: int,
+                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.num_iterations, self.eval_every, self.responses = num_iterations, eval_every, responses_per_iteration
+        self.evaluate, self.is_main, self.device = evaluate, is_main, device
+        self.folder = os.path.join("runs", run_name)
+        self.writer = SummaryWriter(self.folder) if is_main else None
+        if is_main:
+            table = "\n".join(f"|{key}|{value}|" for key, value in hyperparameters.items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        self.start = self.iteration_start = time.time()
+        self.seconds: dict[str, float] = {}
+
+    def held_out(self, iteration: int) -> str:
+        accuracy, greedy_accuracy = self.evaluate()
+        self.writer.add_scalar("charts/accuracy", accuracy, iteration)
+        self.writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
+        return f"held-out {accuracy:.3f} (greedy {greedy_accuracy:.3f})"
+
+    def begin(self) -> None:
+        """Before training: evaluate the starting model (x = 0 on every curve)."""
+        if self.is_main:
+            print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})")
+        self.start = time.time()
+
+    def begin_iteration(self) -> None:
+        self.iteration_start, self.seconds = time.time(), {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Time one phase of the iteration (generate, logprob, update): logged as perf/{name}_seconds."""
+        start = time.time()
+        yield
+        self.seconds[name] = time.time() - start
+
+    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]], learning_rate: float) -> None:
+        """Log at x = iterations done: means over all processes, written by process 0, then evaluate when due."""
+        elapsed = time.time() - self.iteration_start
+        logged = {
+            **scalars,
+            **{f"losses/{name}": sum(values) / len(values) for name, values in losses.items() if values},
+            **{f"perf/{name}_seconds": seconds for name, seconds in self.seconds.items()},
+            "charts/tokens_per_second": scalars["charts/response_length"] * self.responses / elapsed,
+            "charts/samples_per_second": self.responses / elapsed,
+        }
+        if self.device.type == "cuda":
+            logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        logged = {tag: global_mean(value) for tag, value in logged.items()}
+        if not self.is_main:
+            return
+        self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
+        for tag, value in logged.items():
+            self.writer.add_scalar(tag, value, iteration)
+        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
+        held_out = f"  {self.held_out(iteration)}" if due else ""
+        eta = (time.time() - self.start) / iteration * (self.num_iterations - iteration)
+        # the trust region's statistic: the clip fraction, or SAPO's mean gate (it has no clip)
+        trust = "".join(f"  {tag[7:]} {logged[tag]:.3f}" for tag in ("losses/clipfrac", "losses/gate") if tag in logged)
+        print(
+            f"iteration {iteration:4d}/{self.num_iterations}  reward {logged['charts/reward']:.3f}  "
+            f"length {logged['charts/response_length']:.1f}  truncated {logged['charts/truncated_fraction']:.2f}  "
+            f"no-signal {logged['charts/zero_signal_fraction']:.2f}{trust}  "
+            f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
+        )
+
+    def close(self) -> None:
+        if self.is_main:
+            self.writer.close()
