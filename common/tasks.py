@@ -21,8 +21,10 @@ run and every method is evaluated on the same questions.
 1. Arithmetic: "addition", "subtraction", "multiplication"
    Prompt "37+48=", target "85"; operands of 1 to 3 digits (2 for multiplication), the number
    of digits uniform, then the value uniform. The split hashes the operand pair.
-   Reward: the last integer in the response equals the target (so an instruct model that writes
-   "The answer is 85." is graded on 85; the embedded tiny model answers with digits only).
+   Reward: the response's answer, read as for a dataset file (3. below: the last number, unless there is a
+   \\boxed{...} or a "####"), is the target written as an integer ("085" and "85.0" are not, "1,085" is).
+   So an instruct model that writes "The answer is 85." is graded on 85, "−85" is minus 85, and "8.5", "1,085",
+   "85²" or "2^85" are not read as 85 or 5; the embedded tiny model answers with digits only.
    Demonstration: the bare number ("85"). default_few_shot = 3.
 
 2. Countdown: "countdown"
@@ -35,14 +37,20 @@ run and every method is evaluated on the same questions.
    sorted numbers and the target, so reordering the numbers does not move a puzzle across splits.
    Reward, read from the response in this order:
      a. the text: the content of the last \\boxed{...} if there is one, else the last non-empty line;
-        the LaTeX spellings \\times, \\cdot, \\div, \\left, \\right, \\( \\), \\[ \\] and $ are normalised;
+        the LaTeX spellings \\times, \\cdot, \\div, \\left, \\right, \\( \\), \\[ \\] and $ are normalised,
+        markdown's code quotes ` and emphasis around the whole text ("**3 + 4**") dropped. The words next to
+        the box on its line must not join it to a formula, as for a number in 3. ("\\boxed{3 + 4}^2" scores 0);
      b. anything from the first "=" on is dropped ("(25 - 3) * 2 + 2 = 46" is graded on the left side;
         the value the model claims is ignored, so "46 = ..." scores 0);
-     c. the expression runs from the first digit or "(" to the last digit or ")" ("Answer: 3 + 4." -> "3 + 4");
-        everything inside must be part of the expression: non-negative integers, parentheses, spaces and
-        the binary operators + (plus), - − – (minus), * × · (times), / ÷ (divide). No unary minus, no
-        exponent (** is two times signs in a row: malformed), no decimals, no letters (x is not times).
-        A leading minus sign falls outside the expression: "-3 - 7 + 25" is graded as "3 - 7 + 25";
+     c. what is left is the expression, after at most a label (letters and spaces ending with ":" or with the
+        word "is": "Answer:", "**Final answer:**", "The answer is") and before at most a full stop
+        ("Answer: 3 + 4." -> "3 + 4"). All of it must be part of the expression: non-negative integers,
+        parentheses, spaces and the binary operators + (plus), - − – (minus), * × · (times), / ÷ (divide).
+        Anything else scores 0 instead of being left out, since it would change the value: a sign in front
+        ("-3 + 7 + 25"), a function ("sqrt(3 + 7 + 25)", "√(...)", "log 3 + 7 + 25", "\\sqrt{...}"), a factorial,
+        percent or power ("25!", "25 %", "25²", "3^2", "3**2": ** is two times signs in a row), implicit
+        multiplication ("3(7 + 25)"), decimals, letters (x is not times), digits other than ASCII ("３"),
+        a second expression ("3 + 4 or 3 * 4");
      d. it scores 1.0 when it parses, uses every given number exactly once (as a multiset) and no other
         number, and evaluates exactly (fractions.Fraction) to the target. Intermediate fractions are
         allowed ((1 + 1/2) * 4 = 6); a division by zero scores 0.
@@ -57,12 +65,28 @@ run and every method is evaluated on the same questions.
    The question is the value of "prompt" (or, when absent, "question"), a non-empty string; the answer
    is the value of "answer" (or "target"), a number or a string. In a string the answer is the number
    after the last "####" (GSM8K writes "...reasoning...\\n#### 72") or else the whole string, which must
-   then be one number; commas as thousands separators are allowed ("1,234"). Anything else is an error
-   naming the file and the line. The split hashes the question text; a file must leave at least one
-   question in each split. prompts() draws without replacement when n fits in the split, and with
-   replacement when it does not. Reward: the response's answer is the last number inside the last
-   \\boxed{...} if there is one, else the first number after the last "####", else the last number of the
-   response; it scores 1.0 when it equals the target numerically ("72.0" == "72", "1,234" == "1234").
+   then be one number; commas as thousands separators are allowed ("1,234"); a number has at most
+   MAX_ANSWER_CHARS characters (a response's longer number is never read). Anything else is an error
+   naming the file and the line, and so is a line that Python's json cannot hold: nested too deeply, an
+   integer of more than 4300 digits, a lone surrogate ("\\ud800", half of a UTF-16 pair, not a character).
+   The split hashes the question text; a file must leave at least one question in each split. prompts()
+   draws without replacement when n fits in the split, and with replacement when it does not.
+   Reward: the response's answer is the last number inside the last \\boxed{...} if there is one, else the
+   first number after the last "####", else the last number of the response; it scores 1.0 when it equals the
+   target numerically ("72.0" == "72", "1,234" == "1234", "−7" == "-7"). A number is read whole (a sign
+   - − –, thousands commas, decimals) and must stand alone, else the response scores 0 (rather than being
+   graded on some other number):
+     - the word that holds it (words are split at spaces and "=") is the number, wrapped at most in
+       brackets, quotes, "$", markdown bold or code, trailing punctuation: "(85)", "**85**.", "$1,234", "85,";
+       not "x85", "85%", "85!", "85²", "2^10", "\\frac{3}{2}", "7.2e3" (not read: 0), "10-3", "８５";
+     - the words next to it on its line do not join it to something else: an operator ("2 ^ 10", "10 - 3",
+       "√ 85", "85 * 2", "85 %"), another number ("1 234" is 1234), a LaTeX command ("\\sqrt 85", "85 \\times 2")
+       or a word of a short list ("sqrt 85", "negative 85", "2 x 85", "85 squared", "85 thousand": natural
+       language has more ways, these are the common ones). Around a \\boxed{...} the words outside it count too
+       ("\\boxed{85}^2" is not 85).
+   LaTeX's \\text{...}, \\$, \\%, \\( \\), \\[ \\], \\left, \\right and spacing commands are read as plain text first
+   ("1\\,234" is 1234). Only the last number counts, so "84 or 85" is graded on 85: naming several answers
+   gains nothing over naming the last one.
    Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's calculator
    notes "<<48/2=24>>" removed), else the bare number. default_few_shot = 2 (reasoning is long).
 4. Reverse: "reverse"
@@ -70,7 +94,7 @@ run and every method is evaluated on the same questions.
    zeros allowed: it is a string, not a number). The split hashes the digit string.
    Reward: the first run of digits in the response equals the target, so anything after the answer
    is ignored ("31284 ......" scores 1.0, "3128 4" scores 0). The embedded long model
-   (common/long_model) answers and then hesitates: it writes a space and a random number of dots
+   (common/models/long_model) answers and then hesitates: it writes a space and a random number of dots
    after the answer; the reward never reads them, so the length of a response does not decide whether
    it is right. Demonstration: the bare answer. default_few_shot = 3.
 """
@@ -80,6 +104,7 @@ import json
 import math
 import random
 import re
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -97,10 +122,133 @@ def _check_split(split: str):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
 
+# ---------------------------------------------------------------- the number a response answers with (1 and 3)
+
+MAX_ANSWER_CHARS = 100  # a longer number is not read (int() refuses more than 4300 digits), nor allowed in a data file
+
+# The digits of a number: thousands commas or plain digits, then decimals.
+_UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?"
+# A word that is a number: a sign (the hyphen, or the minus signs − and –) and digits, wrapped at most in what
+# leaves the value alone: brackets, quotes, "$" (currency or LaTeX math), markdown bold or code, trailing
+# punctuation. "x85", "85%", "85!", "85²", "2^10", "\frac{3}{2}", "7.2e3", "10-3" and "√85" do not match: they are
+# formulas. Nor do digits of other scripts ("８５", "٨٥"): int() would read them, Countdown does not, nor does this.
+_NUMBER_WORD = re.compile(rf"[$(\[\"'“‘*`]*([-−–]?{_UNSIGNED})[)\]\"'”’*`.,;:?$]*")
+# Words: split at spaces, with "=" and each newline a word of their own (in "3+4=7" the answer 7 follows "=",
+# not "3+4"; a newline ends the neighbourhood of a number).
+_WORDS = re.compile(r"\n|=|[^\s=]+")
+
+# Neighbours that make a number part of a formula. The word before: its last character ("2 ^ 85", "10 - 3",
+# "√ 85", "sqrt( 85", "\frac{3}{ 2", "(2) 85" is a product) or its letters ("sqrt 85", "negative 85").
+_JOINS_BEFORE = set("+-−–*∗×·⋅∙/∕⁄÷^√∛∜±∓<>≤≥≠~({)]}")
+_WORDS_BEFORE = {"sqrt", "cbrt", "root", "log", "ln", "exp", "sin", "cos", "tan", "minus", "negative", "plus", "times",
+                 "x", "over", "mod"}
+# The word after: its first character ("85 * 2", "85 %", "85 !", "85 - 3") or its letters ("85 squared", "85 x 2").
+_JOINS_AFTER = set("+-−–*∗×·⋅∙/∕⁄÷^±∓<>≤≥≠!%‰")
+_WORDS_AFTER = {"squared", "cubed", "factorial", "percent", "hundred", "thousand", "million", "billion", "trillion",
+                "times", "x", "plus", "minus", "over", "divided", "mod"}
+_PUNCTUATION = ".,;:!?*\"'()[]“”‘’"  # stripped from a neighbour before looking it up in the word lists
+_LATEX_COMMAND_AT_END = re.compile(r"\\[A-Za-z]+[{(]?$")  # "\sqrt", "\log", "\cdot", "\sqrt{" before a number
+
+# LaTeX that is plain text or spacing; \text{...} and its kin hold words ("72 \text{ apples}").
+_LATEX_TEXT = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox)\{([^{}]*)\}")
+_LATEX_PLAIN = {"\\$": "$", "\\%": "%", "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "\\left": "", "\\right": "",
+                "\\,": "", "\\!": "", "\\;": " ", "\\:": " ", "\\ ": " ", "\\quad": " "}  # "1\,234": a thin space
+
+
+def _last_boxed(text: str) -> tuple[int, int] | None:
+    """Span (begin, end) of the content of the last \\boxed{...} (braces may nest), or None when there is none or
+    it is not closed."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return begin, i
+            depth -= 1
+    return None
+
+
+def _joins_before(word: str) -> bool:
+    """Whether `word`, just before a number (or a box) on its line, makes it part of a formula."""
+    if any(char.isalpha() for char in word):
+        word = word.rstrip("*")  # markdown bold closing a label ("**Answer:** 85") is not a times sign
+    return (
+        word[-1] in _JOINS_BEFORE
+        or word[-1].isnumeric()  # "1 234" is one number with a space as thousands separator, not 234
+        or _LATEX_COMMAND_AT_END.search(word) is not None
+        or word.strip(_PUNCTUATION).lower() in _WORDS_BEFORE
+    )
+
+
+def _joins_after(word: str) -> bool:
+    """Whether `word`, just after a number (or a box) on its line, makes it part of a formula."""
+    return (
+        word[0] in _JOINS_AFTER
+        or word[0].isnumeric()  # "85 000" is 85000, "85 ²" is 85 squared
+        or (word[0] == "\\" and word[1:2].isalpha())  # "85 \times 2", "85 \cdot 2"
+        or word.strip(_PUNCTUATION).lower() in _WORDS_AFTER
+    )
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    """Whether neither the word just before text[start:end] nor the word just after it, on its line, joins it to
+    a formula (the words are those of text as a whole: a neighbour may lie outside a box)."""
+    before, after = _WORDS.findall(text[:start]), _WORDS.findall(text[end:])
+    joined_before = bool(before) and before[-1] != "\n" and _joins_before(before[-1])
+    joined_after = bool(after) and after[0] != "\n" and _joins_after(after[0])
+    return not (joined_before or joined_after)
+
+
+def _read_number(text: str, begin: int, end: int, first: bool) -> str | None:
+    """The first (or last) word of text[begin:end] that holds a digit, as a number, when it is one and stands
+    alone; None when there is no such word or it is a formula: the answer is then wrong, never some other number
+    of the response."""
+    # any script's digits count here ("٨٥", "８５", "²"), so that they make the answer wrong rather than unseen
+    holding = [w for w in _WORDS.finditer(text, begin, end) if any(char.isdigit() for char in w.group())]
+    if not holding:
+        return None
+    word = holding[0] if first else holding[-1]
+    number = _NUMBER_WORD.fullmatch(word.group()) if len(word.group()) <= MAX_ANSWER_CHARS else None
+    if number is None or not _stands_alone(text, word.start(), word.end()):
+        return None
+    return number.group(1)
+
+
+def final_answer(response_text: str) -> str | None:
+    """The number a response answers with (module docstring, 3): the last number in the last \\boxed{...}, else the
+    first number after the last "####", else the last number of the response; None when there is none, or when
+    that number does not stand alone."""
+    text = _LATEX_TEXT.sub(r" \1 ", response_text)
+    for latex, plain in _LATEX_PLAIN.items():
+        text = text.replace(latex, plain)
+    box = _last_boxed(text)
+    if box is not None:
+        begin, end = box
+        # blank out "\boxed{" and its "}" (same length, so the span holds): the words around the box are then the
+        # neighbours of a number at its edge ("2^\boxed{10}", "\boxed{85}^2")
+        start = begin - len("\\boxed{")
+        text = text[:start] + " " * (begin - start) + text[begin:end] + " " + text[end + 1 :]
+        return _read_number(text, begin, end, first=False)
+    if "####" in text:
+        after = text.rsplit("####", 1)[1]  # what comes before "####" is reasoning, not a neighbour
+        return _read_number(after, 0, len(after), first=True)
+    return _read_number(text, 0, len(text), first=False)
+
+
+def _minus_and_commas(number_text: str) -> str:
+    """A number as Python writes it: ASCII minus, no thousands commas ("−1,234" -> "-1234")."""
+    return number_text.replace(",", "").replace("−", "-").replace("–", "-")
+
+
+def _to_fraction(number_text: str) -> Fraction:
+    return Fraction(_minus_and_commas(number_text))
+
+
 # ---------------------------------------------------------------- 1. arithmetic
-
-_LAST_INT = re.compile(r"-?\d+")
-
 
 def _in_test_split(a: int, b: int) -> bool:
     """A fixed, seed-independent hash decides the split of an operand pair (Knuth's multiplicative hash)."""
@@ -140,8 +288,9 @@ class Arithmetic:
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
-        numbers = _LAST_INT.findall(response_text)
-        return 1.0 if numbers and numbers[-1] == target else 0.0
+        answer = final_answer(response_text)
+        # as text, not as a value: "085" and "85.0" are not 85 written as an integer (and "085" always scored 0)
+        return 1.0 if answer is not None and _minus_and_commas(answer) == target else 0.0
 
 
 # ---------------------------------------------------------------- 2. countdown
@@ -150,24 +299,13 @@ MAX_EXPRESSION_CHARS = 200  # longer expressions score 0 unread (a solution with
 MAX_DEPTH = 20  # deeper parenthesis nesting scores 0 (bounds the parser's recursion)
 
 _LATEX = {"\\times": "*", "\\cdot": "*", "\\div": "/", "\\left": "", "\\right": "",
-          "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "$": " "}
+          "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "$": " ", "`": " "}  # and markdown's code quotes
+_BOLD = re.compile(r"(\*\*?)(.+)\1")  # markdown emphasis around the whole text, "**3 + 4 = 7**": never a times sign
 _OPERATORS = {"+": "+", "-": "-", "−": "-", "–": "-", "*": "*", "×": "*", "·": "*", "/": "/", "÷": "/"}
-
-
-def _last_boxed(text: str) -> str | None:
-    """Content of the last \\boxed{...} (braces may nest), or None when there is none or it is not closed."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, begin = 0, start + len("\\boxed{")
-    for i in range(begin, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            if depth == 0:
-                return text[begin:i]
-            depth -= 1
-    return None
+# A label before the expression: words of letters only (so no number, operator or bracket hides in it), the last
+# one ending with ":" or being "is"; markdown bold around it. "Answer:", "**Final answer:**", "The answer is".
+# A function name is no label: "sqrt(...)" and "log 3 + ..." have no ":" and stay in front of the expression.
+_LABEL = re.compile(r"\**(?:[^\W\d_]+[ \t]+)*?(?:[^\W\d_]+\**:|is[ \t])\**")
 
 
 class _Parser:
@@ -260,19 +398,30 @@ def _evaluate(tree) -> Fraction:
 
 
 def countdown_expression(response_text: str) -> str | None:
-    """The expression a Countdown response is graded on (rules a-c of the module docstring), or None."""
-    boxed = _last_boxed(response_text)
-    if boxed is not None:
-        text = boxed
-    else:
-        lines = [line for line in response_text.splitlines() if line.strip()]
-        text = lines[-1] if lines else ""
+    """The expression a Countdown response is graded on (rules a-c of the module docstring), or None.
+    Only a label and a full stop are taken off: whatever else surrounds the expression stays, and fails to parse."""
+    text = response_text
     for latex, plain in _LATEX.items():
         text = text.replace(latex, plain)
-    text = text.split("=", 1)[0]
-    first = re.search(r"[0-9(]", text)  # two linear scans (a regex "[0-9(].*[0-9)]" is quadratic on "((((...")
-    last = max(text.rfind(char) for char in "0123456789)")
-    return text[first.start() : last + 1] if first and last >= first.start() else None
+    box = _last_boxed(text)
+    if box is not None:
+        begin, end = box
+        if not _stands_alone(text, begin - len("\\boxed{"), end + 1):  # "\boxed{3 + 4}^2", "\sqrt{\boxed{3 + 4}}"
+            return None
+        text = text[begin:end]
+    else:
+        lines = [line for line in text.splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    bold = _BOLD.fullmatch(text.strip())
+    if bold:
+        text = bold.group(2)
+    text = text.split("=", 1)[0].strip()
+    label = _LABEL.match(text)
+    if label:
+        text = text[label.end() :].lstrip()
+    if text.endswith("."):  # the end of a sentence ("The answer is 3 + 4."), never a decimal point: none is allowed
+        text = text[:-1].rstrip()
+    return text or None
 
 
 class Countdown:
@@ -365,27 +514,17 @@ class Countdown:
 
 # ---------------------------------------------------------------- 3. a dataset file (JSON Lines)
 
-# a number: optional minus (not after a digit: "3-5" is 3 and 5), thousands commas or plain digits, decimals
-_NUMBER = re.compile(r"(?:(?<![0-9])-)?(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?")
+_DATA_NUMBER = re.compile(rf"-?{_UNSIGNED}")  # an answer in a data file: "72", "-7", "1,234", "2.5"
 _CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>"
 
 
-def _to_fraction(number_text: str) -> Fraction:
-    return Fraction(number_text.replace(",", ""))
-
-
-def final_answer(response_text: str) -> str | None:
-    """The number a response answers with: the last number in the last \\boxed{...}, else the first number
-    after the last "####", else the last number of the response; None when there is none."""
-    boxed = _last_boxed(response_text)
-    if boxed is not None:
-        numbers = _NUMBER.findall(boxed)
-        return numbers[-1] if numbers else None
-    if "####" in response_text:
-        number = _NUMBER.search(response_text.rsplit("####", 1)[1])
-        return number.group() if number else None
-    numbers = _NUMBER.findall(response_text)
-    return numbers[-1] if numbers else None
+def _lone_surrogate(text: str) -> str | None:
+    """The first lone surrogate in `text` (JSON's "\\ud800" escapes give one: half of a UTF-16 pair, which no
+    UTF-8 text, tokenizer or hash can take), written as its escape; None when there is none."""
+    for char in text:
+        if "\ud800" <= char <= "\udfff":
+            return f"\\u{ord(char):04x}"
+    return None
 
 
 class JsonlTask:
@@ -426,23 +565,36 @@ class JsonlTask:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        except RecursionError:  # json reads nested arrays and objects by recursion, up to Python's recursion limit
+            raise ValueError(f"{where}: JSON nested too deeply to read") from None
+        except ValueError:  # the one other error of json.loads: int() refuses a JSON integer of more than 4300 digits
+            limit = sys.get_int_max_str_digits()
+            raise ValueError(f"{where}: a number with more than {limit} digits (more than Python reads)") from None
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object {{...}}, got {type(record).__name__}")
         question = record.get("prompt", record.get("question"))
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: needs a non-empty string under \"prompt\" or \"question\"")
         answer = record.get("answer", record.get("target"))
+        for text in (question, answer):
+            surrogate = _lone_surrogate(text) if isinstance(text, str) else None
+            if surrogate:
+                raise ValueError(f"{where}: {surrogate} is a lone surrogate (half of a UTF-16 pair), not a character")
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             if not math.isfinite(answer):
                 raise ValueError(f"{where}: the answer must be a finite number, got {answer}")
-            return question, str(answer), str(answer)
-        if not isinstance(answer, str):
+            target = str(answer)
+            solution = target
+        elif isinstance(answer, str):
+            final = answer.rsplit("####", 1)[-1].strip()
+            if not _DATA_NUMBER.fullmatch(final):
+                raise ValueError(f"{where}: the answer must be a number or end with '#### <number>', got {answer!r}")
+            target = final.replace(",", "")
+            solution = _CALCULATOR_NOTE.sub("", answer).strip() if "####" in answer else target
+        else:
             raise ValueError(f"{where}: needs a number or a string under \"answer\" or \"target\"")
-        final = answer.rsplit("####", 1)[-1].strip()
-        if not _NUMBER.fullmatch(final):
-            raise ValueError(f"{where}: the answer must be a number or end with '#### <number>', got {answer!r}")
-        target = final.replace(",", "")
-        solution = _CALCULATOR_NOTE.sub("", answer).strip() if "####" in answer else target
+        if len(target) > MAX_ANSWER_CHARS:  # a response's number that long is never read: no reward could be earned
+            raise ValueError(f"{where}: the answer has more than {MAX_ANSWER_CHARS} characters")
         return question, target, solution
 
     def _sample(self, n: int, rng: random.Random, split: str) -> list[tuple[str, str, str]]:
@@ -458,10 +610,8 @@ class JsonlTask:
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
-        answer = final_answer(response_text)
-        if answer is None or len(answer) > 100:  # int() refuses numbers of more than 4300 digits
-            return 0.0
-        return 1.0 if _to_fraction(answer) == _to_fraction(target) else 0.0
+        answer = final_answer(response_text)  # at most MAX_ANSWER_CHARS characters: Fraction reads it at once
+        return 1.0 if answer is not None and _to_fraction(answer) == _to_fraction(target) else 0.0
 
 
 # ---------------------------------------------------------------- 4. reverse
@@ -499,10 +649,10 @@ class Reverse:
 
 # ---------------------------------------------------------------- the registry
 
-# The names `--task` accepts besides a .jsonl path. The embedded tiny model (common/tiny_model) was
+# The names `--task` accepts besides a .jsonl path. The embedded tiny model (common/models/tiny_model) was
 # pretrained on "addition" only: it knows neither "subtraction" nor "multiplication" (with so little
 # signal, RL cannot teach them), nor "countdown"; those are there for real models (`--model ...`).
-# The embedded long model (common/long_model) was pretrained on "reverse" only.
+# The embedded long model (common/models/long_model) was pretrained on "reverse" only.
 TASKS = {
     "addition": Arithmetic("+", max_digits=3, name="addition"),
     "subtraction": Arithmetic("-", max_digits=3, name="subtraction"),

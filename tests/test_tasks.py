@@ -13,8 +13,8 @@ import time
 import pytest
 
 from common.tasks import TASKS, Countdown, JsonlTask, get_task
+from conftest import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "common", "data", "example.jsonl")
 COUNTDOWN_PROMPT = re.compile(
     r"Using the numbers ([\d, ]+), make (\d+) with \+ - \* / and parentheses, each number exactly once\."
@@ -123,6 +123,24 @@ def test_arithmetic_prompts_are_bare():
     assert TASKS["addition"].reward("84", "85") == 0.0
 
 
+@pytest.mark.parametrize("response, target, expected", [
+    # the formats a model answers in
+    ("85", "85", 1.0), ("85\n", "85", 1.0), ("The answer is 85.", "85", 1.0), ("#### 85", "85", 1.0),
+    ("\\boxed{85}", "85", 1.0), ("37+48=85", "85", 1.0), ("37 + 48 = 85", "85", 1.0), ("= 85", "85", 1.0),
+    ("9,801", "9801", 1.0),  # a thousands comma (99*99): it used to be read as 801
+    ("-11", "-11", 1.0), ("37-48=-11", "-11", 1.0),
+    ("−11", "-11", 1.0),  # U+2212: it used to be ignored, and "−11" scored 0 for -11...
+    ("−85", "85", 0.0),  # ... and 1.0 for 85
+    # an integer written as the target: the tiny model's "085" was always wrong, and "85.0" is not a plain integer
+    ("085", "85", 0.0), ("85.0", "85", 0.0),
+    # what used to be read as another number, scoring 1.0
+    ("8.5", "5", 0.0), ("1,801", "801", 0.0), ("10-11", "-11", 0.0), ("48 -11", "-11", 0.0), ("2 * 85", "85", 0.0),
+    ("85²", "85", 0.0), ("85!", "85", 0.0), ("85%", "85", 0.0), ("2^85", "85", 0.0), ("sqrt(85)", "85", 0.0),
+])
+def test_arithmetic_reward(response, target, expected):
+    assert TASKS["addition"].reward(response, target) == expected
+
+
 def test_reverse_prompts():
     # "reverse 48213=" -> "31284": 3 to 6 digits, every count and leading zeros occur, the target is the string backwards.
     pairs = TASKS["reverse"].prompts(2000, random.Random(0))
@@ -215,11 +233,50 @@ CASES = [
     ("()3*7+25", "3 7 25=46", 0.0),
     ("25 - 3 + -7", "3 7 25=15", 0.0),  # value 15, but unary minus is not an operation
     ("25 - 3 + (-7)", "3 7 25=15", 0.0),
-    ("-3 - 7 + 25", "3 7 25=15", 0.0),  # the expression starts at the first digit: 3 - 7 + 25 = 21
+    ("-3 - 7 + 25", "3 7 25=15", 0.0),  # value 15, but unary minus is not an operation
     ("25 - 7 - 3.0", "3 7 25=15", 0.0),  # no decimals
     ("3 x 7 + 25", "3 7 25=46", 0.0),  # x is a letter, not times
     ("３*7+25", "3 7 25=46", 0.0),  # a full-width digit is not a digit here
     ("3² * 1", "1 3=9", 0.0),
+    # formats around the expression: a label, a full stop, markdown, LaTeX
+    ("The answer is 3 * 7 + 25.", "3 7 25=46", 1.0),
+    ("**Final answer:** 3 * 7 + 25", "3 7 25=46", 1.0),
+    ("**3 * 7 + 25 = 46**", "3 7 25=46", 1.0),  # bold around the line, then the left side of "="
+    ("`3 * 7 + 25`", "3 7 25=46", 1.0),
+    ("$$3 \\times 7 + 25 = 46$$", "3 7 25=46", 1.0),
+    ("3 + 7 + 25", "3 7 25=35", 1.0),
+    ("(25 + 7) + 3 = 35", "3 7 25=35", 1.0),
+    ("\\boxed{25+7+3}", "3 7 25=35", 1.0),
+    ("3 + 7 + 25 = 35 or 36", "3 7 25=35", 1.0),  # what follows "=" is the claimed value, ignored
+    # text around the expression that changes its value: each used to score 1.0, graded on 3 + 7 + 25 = 35
+    ("sqrt(3 + 7 + 25)", "3 7 25=35", 0.0),
+    ("√(3 + 7 + 25)", "3 7 25=35", 0.0),
+    ("log 3 + 7 + 25", "3 7 25=35", 0.0),
+    ("abs(3 + 7 + 25)", "3 7 25=35", 0.0),
+    ("\\sqrt{3 + 7 + 25}", "3 7 25=35", 0.0),
+    ("3 + 7 + 25!", "3 7 25=35", 0.0),
+    ("3 + 7 + 25²", "3 7 25=35", 0.0),
+    ("3 + 7 + 25 %", "3 7 25=35", 0.0),
+    ("\\boxed{-3 + 7 + 25}", "3 7 25=35", 0.0),  # value 29
+    ("-(3 + 7 + 25)", "3 7 25=35", 0.0),  # value -35
+    ("3 + 7 + 25 e", "3 7 25=35", 0.0),
+    ("3 + 7 + 25 nan", "3 7 25=35", 0.0),
+    ("\\boxed{3 + 7 + 25}^2", "3 7 25=35", 0.0),  # the box squared: text outside the box counts too
+    ("\\sqrt{\\boxed{3 + 7 + 25}}", "3 7 25=35", 0.0),
+    ("$\\boxed{3 + 7 + 25}$.", "3 7 25=35", 1.0),  # ... but "$" and a full stop change nothing
+    # more ways to change the value, all 0
+    ("3(7 + 25)", "3 7 25=96", 0.0),  # implicit multiplication: 3 * 32 = 96
+    ("(3)(7) + 25", "3 7 25=46", 0.0),
+    ("3 + 7 + 25^1", "1 3 7 25=35", 0.0),
+    ("3 + 7 + 25**1", "1 3 7 25=35", 0.0),
+    ("3 + 7 + 25.0", "3 7 25=35", 0.0),
+    ("3a + 7 + 25", "3 7 25=35", 0.0),  # a digit glued to a letter
+    ("3 + 7 + 2５", "3 7 25=35", 0.0),  # a full-width digit inside a number
+    ("1,000 - 965", "965 1000=35", 0.0),  # thousands separator: not part of the grammar
+    ("3 + 7 + 25 or 3 * 7 + 25", "3 7 25=35", 0.0),  # two candidate expressions
+    ("= 3 + 7 + 25", "3 7 25=35", 0.0),  # a leading "=": the left side is empty
+    ("3 + 7 + 25 mod 100", "3 7 25=35", 0.0),
+    ("3 + 7 + 25 (approximately)", "3 7 25=35", 0.0),
 ]
 
 # Adversarial responses run in a child process with a deadline: a verifier that evaluated 9**9**9 would
@@ -238,8 +295,12 @@ ADVERSARIAL = [
     ("(" * 100_000, "3 7 25=46", 0.0),
     ("(" * 50_000 + "1" + ")" * 50_000, "1=1", 0.0),
     ("1+" * 50_000 + "1", "1=1", 0.0),  # 100k characters
-    ("3*7+25" + " " * 100_000 + "0" * 100_000, "3 7 25=46", 0.0),  # the span runs to the last digit: too long
+    ("3*7+25" + " " * 100_000 + "0" * 100_000, "3 7 25=46", 0.0),  # the expression is the whole line: too long
     ("3*7+25" + " " * 300, "3 7 25=46", 1.0),  # trailing blanks are not part of it
+    ("a " * 50_000 + "3*7+25", "3 7 25=46", 0.0),  # 50k words and no ":": no label, letters in the expression
+    ("The answer is " * 10_000 + "3*7+25", "3 7 25=46", 0.0),  # one label is taken off, the rest is letters
+    ("**" * 50_000, "3 7 25=46", 0.0),
+    ("\\boxed{" * 30_000 + "3*7+25" + "}" * 30_000, "3 7 25=46", 0.0),  # a box in a box: what precedes it ends in "{"
 ]
 
 
@@ -294,11 +355,78 @@ ANSWERS = [
     ("1, 234", "1234", 0.0),  # a list of two numbers: the last is 234
     ("It is 2.5", "2.5", 1.0),
     ("-7 degrees", "-7", 1.0),
-    ("10-3", "-3", 0.0),  # a minus after a digit is subtraction: the last number is 3
-    ("10-3", "3", 1.0),
+    ("10-3", "-3", 0.0),  # a minus after a digit is subtraction, not a sign
+    ("10-3", "3", 0.0),  # ... nor 3: the answer is a formula (it used to score 1.0, a loophole: "6/2" read as 2)
     ("no number here", "7", 0.0),
     ("\\boxed{}", "7", 0.0),
     ("9" * 100_000, "7", 0.0),  # an absurd number is wrong, not a crash
+    ("9" * 100_000, "9" * 100_000, 0.0),  # ... even when it is the target: a number that long is not read
+    # formats that keep the value
+    ("**72**", "72", 1.0),
+    ("The total is `72`.", "72", 1.0),
+    ("$72$ apples", "72", 1.0),
+    ("So \\(x = \\boxed{72}\\).", "72", 1.0),
+    ("\\boxed{\\text{72}}", "72", 1.0),
+    ("\\boxed{1\\,234}", "1234", 1.0),  # a thin space between thousands
+    ("(72)", "72", 1.0),
+    ("−7", "-7", 1.0),  # U+2212, the minus sign of typeset text
+    ("The answer is 0.5.", "0.5", 1.0),
+    ("**Answer:** 72", "72", 1.0),  # bold closing a label is not a times sign
+    ("72 \\\\", "72", 1.0),  # a LaTeX line break after it
+    ("72 \\", "72", 1.0),  # a lone backslash: no LaTeX command follows it
+    ("84 or 85", "85", 1.0),  # only the last number counts: listing guesses gains nothing...
+    ("85 or 84", "85", 0.0),  # ... since the others are not read
+    # loopholes: each used to score 1.0 (in brackets: the number read before)
+    ("\\boxed{\\frac{3}{2}}", "2", 0.0),  # (2)
+    ("\\boxed{\\dfrac{3}{2}}", "2", 0.0),  # (2)
+    ("\\boxed{2^{10}}", "10", 0.0),  # (10)
+    ("7.2e3", "3", 0.0),  # (3)
+    ("#### 7.2e3", "7.2", 0.0),  # (7.2); and scientific notation is not read at all
+    ("6/2", "2", 0.0),  # (2)
+    ("#### 72 + 3", "72", 0.0),  # (72)
+    ("1,23", "23", 0.0),  # (23): a decimal comma, or a typo; not 23
+    ("−7", "7", 0.0),  # (7): the minus sign was not read
+    ("\\boxed{85}\\%", "85", 0.0),  # (85): outside the box, on its line, still changes it
+    # a number glued to or next to what changes it
+    ("85%", "85", 0.0),
+    ("85 %", "85", 0.0),
+    ("85!", "85", 0.0),
+    ("85²", "85", 0.0),
+    ("85 ²", "85", 0.0),
+    ("\\boxed{85}^2", "85", 0.0),
+    ("2^\\boxed{85}", "85", 0.0),
+    ("2^85", "85", 0.0),
+    ("2 ^ 85", "85", 0.0),
+    ("2**85", "85", 0.0),
+    ("2 * 85", "85", 0.0),
+    ("85 \\times 2", "85", 0.0),
+    ("85 \\cdot 2", "85", 0.0),
+    ("3(85)", "85", 0.0),  # implicit multiplication
+    ("sqrt(85)", "85", 0.0),
+    ("sqrt 85", "85", 0.0),
+    ("√85", "85", 0.0),
+    ("√ 85", "85", 0.0),
+    ("\\sqrt{85}", "85", 0.0),
+    ("\\sqrt 85", "85", 0.0),
+    ("log(85)", "85", 0.0),
+    ("x85", "85", 0.0),  # a digit glued to a letter
+    ("85x", "85", 0.0),
+    ("0x55", "85", 0.0),  # hexadecimal 85
+    ("negative 85", "85", 0.0),
+    ("85 squared", "85", 0.0),
+    ("85 thousand", "85", 0.0),
+    ("2 x 85", "85", 0.0),  # x as a times sign
+    ("85 x 2", "85", 0.0),
+    ("2 ⋅ 85", "85", 0.0),  # U+22C5, the dot operator
+    ("85,000", "85", 0.0),  # thousands separators: 85000
+    ("85 000", "85", 0.0),  # a space as thousands separator: 85000, not 0
+    ("85 000", "85000", 0.0),  # ... and not read as 85000 either
+    ("1 234", "234", 0.0),
+    ("８５", "85", 0.0),  # full-width digits
+    ("٨٥", "85", 0.0),  # Arabic-Indic digits
+    ("NaN", "85", 0.0),
+    ("inf", "85", 0.0),
+    ("1e400", "1", 0.0),
 ]
 
 
@@ -362,6 +490,47 @@ def test_jsonl_malformed_line_names_file_and_line(tmp_path, bad_line, message):
     assert f"{path}, line 3:" in text and message in text and "\n" not in text
 
 
+# Lines that Python's json cannot hold: each used to stop the loader with an error naming neither file nor line
+# (a RecursionError traceback, int()'s digit limit, or a UnicodeEncodeError from hashing the question), or, for
+# an answer string too long to read, to make every later reward raise.
+UNREADABLE = {
+    "nested": ('{"question": "What is 2+2?", "answer": "4", "id": ' + "[" * 100_000 + "]" * 100_000 + "}",
+               "JSON nested too deeply to read"),
+    "long integer": ('{"question": "What is 2+2?", "answer": ' + "4" * 4301 + "}",
+                     "a number with more than 4300 digits (more than Python reads)"),
+    "surrogate in the question": ('{"question": "What is \\ud800?", "answer": "4"}',
+                                  "\\ud800 is a lone surrogate (half of a UTF-16 pair), not a character"),
+    "surrogate in the answer": ('{"question": "What is 2+2?", "answer": "2 + 2 = 4 \\udfff\\n#### 4"}',
+                                "\\udfff is a lone surrogate (half of a UTF-16 pair), not a character"),
+    "long answer string": ('{"question": "What is 2+2?", "answer": "' + "4" * 5000 + '"}',
+                           "the answer has more than 100 characters"),
+    "long answer number": ('{"question": "What is 2+2?", "answer": ' + "4" * 101 + "}",
+                           "the answer has more than 100 characters"),
+}
+
+
+@pytest.mark.parametrize("case", UNREADABLE)
+def test_jsonl_line_python_cannot_hold(tmp_path, case):
+    bad_line, message = UNREADABLE[case]
+    lines = good_lines()
+    lines[1:1] = ["", bad_line]  # line 3, as above
+    path = write_jsonl(tmp_path / "bad.jsonl", lines)
+    with pytest.raises(ValueError) as error:
+        get_task(path)
+    assert str(error.value) == f"{path}, line 3: {message}"
+
+
+def test_jsonl_answer_of_100_characters_is_read(tmp_path):
+    # the bound of the test above is MAX_ANSWER_CHARS, and an answer that long still earns its reward
+    lines = good_lines()
+    lines[0] = json.dumps({"question": "What is a googol minus one?", "answer": "9" * 100})
+    task = JsonlTask(write_jsonl(tmp_path / "long.jsonl", lines))
+    (target,) = [t for records in task.splits.values() for q, t, _ in records if q == "What is a googol minus one?"]
+    assert target == "9" * 100
+    assert task.reward("#### " + "9" * 100, target) == 1.0
+    assert task.reward("#### " + "9" * 99, target) == 0.0
+
+
 def test_jsonl_not_utf8(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"question": "1+1?", "answer": "2"}\n{"question": "caf\xe9?", "answer": "3"}\n')
@@ -381,6 +550,46 @@ def test_jsonl_too_small_for_both_splits(tmp_path):
     path = write_jsonl(tmp_path / "one.jsonl", good_lines(1))  # one question leaves one split empty
     with pytest.raises(ValueError, match=r"one\.jsonl: no question falls in the (train|test) split"):
         get_task(path)
+
+
+# ---------------------------------------------------------------- every reward: any text in, 0.0 or 1.0 out
+
+# What a model might write, for token soup: numbers (the targets below among them, and one too long to read),
+# operators, LaTeX, markdown, words the verifiers look for, other scripts' digits, a lone surrogate, controls.
+SOUP = ["85", "-11", "3", "7", "25", "72", "1,234", "2.5", "0", "9" * 5000, "(", ")", "{", "}", "[", "]", "+", "-",
+        "−", "–", "*", "**", "×", "·", "/", "÷", "^", "!", "%", "²", "√", "=", ":", ".", ",", "$", "#", "####", "\\",
+        "\\boxed{", "\\frac{", "\\sqrt", "\\text{", "\\left(", "\\right)", "\\(", "\\)", "\\%", "\\,", "\\times",
+        "sqrt", "log", "is", "squared", "Answer:", "**Answer:**", "x", "e", "nan", "inf", "∞", "３", "٣", "\ud800",
+        "\x00", "`", "'", '"', " ", " ", " ", "\n", "\t", "\u2028", "\r"]
+
+
+def fuzz_responses(count, rng, fragments):
+    """Half token soup (SOUP and `fragments`), half random code points (any of the 0x110000, surrogates included)."""
+    soup = SOUP + fragments
+    responses = []
+    for i in range(count):
+        if i % 2:
+            separator = rng.choice(["", " "])  # glued, or words of their own
+            responses.append(separator.join(rng.choice(soup) for _ in range(rng.randrange(1, 12))))
+        else:
+            responses.append("".join(chr(rng.randrange(0x110000)) for _ in range(rng.randrange(0, 30))))
+    return responses
+
+
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_reward_never_raises(name):
+    # A reward reads whatever a model writes: it must return 0.0 or 1.0 for any text, never raise.
+    task = get_task(name)
+    rng = random.Random(0)
+    if name == "countdown":  # the soup holds right answers: solutions, not the "3 7 25=35" targets
+        puzzles = [Countdown().puzzle(rng) for _ in range(2)]
+        targets = [f"{' '.join(map(str, numbers))}={target}" for numbers, target, _ in puzzles]
+        fragments = [expression for _, _, expression in puzzles]
+    else:
+        targets = fragments = [target for _, target in task.prompts(2, rng)]
+    rewards = [task.reward(response, rng.choice(targets)) for response in fuzz_responses(3000, rng, fragments)]
+    assert all(type(reward) is float and reward in (0.0, 1.0) for reward in rewards)
+    assert 1.0 in rewards  # the soup reaches the comparison with the target, not only early refusals
 
 
 # ---------------------------------------------------------------- get_task
