@@ -50,7 +50,8 @@ from torch import Tensor
 
 from common.llm import (
     IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids, format_prompts,
-    gradient_sync, init_distributed, load_policy, refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_mask,
+    global_mean, gradient_sync, init_distributed, load_policy, refuse_bad_args, resolve_model_path, rollout_stats, save_model,
+    stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -350,6 +351,16 @@ def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> d
         for minibatch_start in range(0, batch_size, minibatch_size):
             mb_inds = order[minibatch_start : minibatch_start + minibatch_size]
             optimizer.zero_grad()
+            # β = 0 and every advantage 0 (groups without signal): the gradient is exactly 0. Skip the forward and
+            # backward passes (most of an update on a real model) and step on zeros, as the optimiser would have (Adam's
+            # momentum still moves). The processes decide together: DDP's backward is collective.
+            any_signal = rollout.advantages[mb_inds].any().item()
+            if args.beta == 0 and global_mean(float(any_signal)) == 0:
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
+                stats["grad_norm"].append(0.0)
+                optimizer.step()
+                continue
             for micro_start in range(0, minibatch_size, micro_batch_size):
                 inds = mb_inds[micro_start : micro_start + micro_batch_size]
                 with gradient_sync(model, last=micro_start + micro_batch_size == minibatch_size):

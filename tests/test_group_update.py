@@ -279,6 +279,37 @@ def test_dapo_filler_only_minibatch_takes_no_step_and_leaves_adam_untouched():
             assert torch.equal(v, state[id(p)][k]), k
 
 
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
+    """β = 0 and every advantage 0: the loss's gradient is exactly 0, so the file skips the forward and backward
+    passes; Adam still steps on a zero gradient, as it would have (its momentum moves the weights). The weights and
+    Adam's state must equal that step's, computed here by hand. With β > 0 the KL term has a gradient: no skip."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    module.update_policy(model, optimizer, rollout, update_args(module, beta=0.0), NO_AUTOCAST)  # builds momentum
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+    reference_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # a copy: load_state_dict shares tensors
+    for p in reference.parameters():
+        p.grad = torch.zeros_like(p)
+    reference_optimizer.step()
+    no_signal = rollout._replace(advantages=torch.zeros_like(rollout.advantages))
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, inputs: forwards.append(1))
+    stats = module.update_policy(model, optimizer, no_signal, update_args(module, beta=0.0), NO_AUTOCAST)
+    assert forwards == [] and stats["grad_norm"] == [0.0]
+    for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p, q), n  # moved by the momentum alone (checked below: the step is not a no-op)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        for k, v in optimizer.state[p].items():
+            assert torch.equal(v, reference_optimizer.state[q][k]), k
+    module.update_policy(model, optimizer, no_signal, update_args(module, beta=0.04), NO_AUTOCAST)
+    assert len(forwards) > 0  # the KL term to the reference has a gradient: the passes run
+    hook.remove()
+
+
 # ---------------------------------------------------------------- scoring: π_θold and π_ref at the temperature
 
 def assert_scores(module, model, ref_model, rollout, args, reference):
