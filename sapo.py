@@ -45,13 +45,12 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
-import tyro
 from torch import Tensor
 
 from common.llm import (
     IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids, format_prompts,
-    global_mean, gradient_sync, init_distributed, load_policy, refuse_bad_args, resolve_model_path, rollout_stats, save_model,
-    stop_mask,
+    global_mean, gradient_sync, init_distributed, load_policy, parse_args, refuse_bad_args, resolve_model_path,
+    rollout_stats, save_model, stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -397,7 +396,7 @@ def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> d
 
 
 if __name__ == "__main__":
-    args = tyro.cli(Args)  # the flags left unset that depend on the model's scale are resolved as Args is built
+    args = parse_args(Args)  # the flags left unset that depend on the model's scale are resolved as Args is built
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = resolve_model_path(args.model)
     rank, world_size, device = init_distributed(args.cuda)

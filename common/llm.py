@@ -72,6 +72,18 @@ class ModelArgs:
         self.defaults_used = resolve_defaults(self)
 
 
+def parse_args(args_class):
+    """The command line as an `args_class` (tyro: one flag per field, its docstring as help). A pipe closed early
+    (`python grpo.py --help | head`) ends the program quietly, as it does `cat`, instead of with a traceback."""
+    import signal
+
+    import tyro
+
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return tyro.cli(args_class)
+
+
 def is_embedded(model: str) -> bool:
     """True for the toy models shipped in common/models/, which keep the small-scale defaults."""
     folder = model if os.path.isabs(model) else os.path.join(ROOT, model)

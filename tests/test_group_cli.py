@@ -14,7 +14,6 @@ import sapo
 from conftest import ROOT
 
 
-
 @pytest.mark.parametrize("script", ["dr_grpo.py", "gspo.py", "sapo.py"])
 def test_smoke_run_writes_tensorboard(script, tmp_path):
     result = subprocess.run(
@@ -48,3 +47,14 @@ def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
         module.check_args(module.Args(**{field: value}))
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message
+
+
+def test_help_cut_short_by_a_pipe_ends_quietly():
+    # `python grpo.py --help | head` used to end in a BrokenPipeError traceback. Here the reader is gone before the
+    # script writes a line (it takes a second to import torch), so every write meets a closed pipe.
+    process = subprocess.Popen([sys.executable, os.path.join(ROOT, "sapo.py"), "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    process.stdout.close()
+    stderr = process.stderr.read()
+    process.wait(timeout=120)
+    assert stderr == "", stderr[-2000:]
