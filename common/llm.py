@@ -222,6 +222,10 @@ def load_policy(name: str, model_path: str, device):
         plain.load_state_dict(model.state_dict())
         plain.generation_config, model = model.generation_config, plain
     model = model.to(device)
+    # A saved adapter (and tokenizer) names its base model as the user gave it: the hub id, not this machine's cache folder.
+    model.name_or_path = model.config._name_or_path = tokenizer.name_or_path = name
+    for key in ("local_files_only", "is_local"):  # how this machine found the files: not for another machine
+        tokenizer.init_kwargs.pop(key, None)
     disable_dropout(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it

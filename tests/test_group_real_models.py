@@ -236,6 +236,27 @@ def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp
     assert llm.resolve_model_path("org/tiny") == str(snapshot)
 
 
+def test_a_saved_adapter_names_the_hub_id_not_the_cache_folder(monkeypatch, tmp_path, folders):
+    """Another machine must be able to load the adapter: its config and model card name the hub id the user gave,
+    and the tokenizer config carries nothing of how this machine found the files."""
+    import json
+    import shutil
+
+    snapshot = tmp_path / "cache" / "models--org--tiny" / "snapshots" / "abc123"
+    shutil.copytree(folders["qwen2"], snapshot)
+    (tmp_path / "cache" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "cache" / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
+    tokenizer, model = llm.load_policy("org/tiny", llm.resolve_model_path("org/tiny"), CPU)
+    llm.save_model(llm.add_lora(model, 2, 4.0), tokenizer, str(tmp_path / "adapter"))
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == "org/tiny"
+    card = (tmp_path / "adapter" / "README.md").read_text()
+    assert "base_model: org/tiny" in card and "snapshots" not in card
+    tokenizer_config = json.loads((tmp_path / "adapter" / "tokenizer_config.json").read_text())
+    assert "local_files_only" not in tokenizer_config and "is_local" not in tokenizer_config
+    assert "snapshots" not in json.dumps(tokenizer_config)
+
+
 def test_offline_cli_fails_in_one_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, os.path.join(ROOT, "gspo.py"), "--model", "gpt2", "--group-size", "8"],
