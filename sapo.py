@@ -401,7 +401,7 @@ if __name__ == "__main__":
     model_path = resolve_model_path(args.model)
     rank, world_size, device = init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
-    task = get_task(args.task)
+    task = get_task(args.task, args.eval_task)
     run_name = f"{task.name}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
 
     # Each process samples other responses; the weights start equal (DDP copies process 0's).

@@ -43,6 +43,9 @@ class ModelArgs:
     task: str = "addition"
     """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
     countdown, reverse (for common/models/long_model), or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    eval_task: Optional[str] = None
+    """a .jsonl file of held-out questions (e.g. a dataset's official test file) instead of the hash-split 10 % of
+    --task's .jsonl file; --eval-size at least its length evaluates every question once"""
     few_shot: Optional[int] = None
     """base models (no chat template): solved training examples shown before each question, and the response ends
     where the answer does; default: the task's (2-3), 0 for the embedded models (trained on bare questions)"""
@@ -138,7 +141,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         if not ok:
             raise SystemExit(f"error: {message}")
     try:
-        get_task(args.task)  # a .jsonl file is read here: a malformed line is named before the model loads
+        get_task(args.task, args.eval_task)  # a .jsonl file is read here: a malformed line is named before the model loads
     except ValueError as e:
         raise SystemExit(f"error: {e}")
 

@@ -69,8 +69,10 @@ run and every method is evaluated on the same questions.
    MAX_ANSWER_CHARS characters (a response's longer number is never read). Anything else is an error
    naming the file and the line, and so is a line that Python's json cannot hold: nested too deeply, an
    integer of more than 4300 digits, a lone surrogate ("\\ud800", half of a UTF-16 pair, not a character).
-   The split hashes the question text; a file must leave at least one question in each split. prompts()
-   draws without replacement when n fits in the split, and with replacement when it does not.
+   The split hashes the question text; a file must leave at least one question in each split. With a
+   second file (--eval-task, e.g. GSM8K's test.jsonl) the first file is all training questions and the
+   second all held-out ones. prompts() draws without replacement when n fits in the split; beyond that,
+   training draws with replacement and an evaluation gets every held-out question once.
    Reward: the response's answer is the last number inside the last \\boxed{...} if there is one, else the
    first number after the last "####", else the last number of the response; it scores 1.0 when it equals the
    target numerically ("72.0" == "72", "1,234" == "1234", "−7" == "-7"). A number is read whole (a sign
@@ -533,30 +535,44 @@ class JsonlTask:
     instruction = "Give the final answer as a number after '####'."
     default_few_shot = 2
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, test_path: str | None = None):
+        """Questions of `path`, split by a hash of their text; or, given `test_path` (a dataset's official test
+        file), all of `path` to train on and all of `test_path` held out."""
         self.path, self.name = str(path), Path(path).stem
         self.splits = {"train": [], "test": []}  # lists of (question, target, solution_text)
+        for file in (path,) if test_path is None else (path, test_path):
+            for question, target, solution in self._read_file(file):
+                if test_path is None:
+                    split = "test" if _hash_unit(question) < TEST_FRACTION else "train"
+                else:
+                    split = "train" if file == path else "test"
+                self.splits[split].append((question, target, solution))
+        if not self.splits["train"] and not self.splits["test"]:
+            raise ValueError(f"{path}: no questions (the file is empty)")
+        for split, records in self.splits.items():
+            if not records and test_path is not None:
+                raise ValueError(f"{path if split == 'train' else test_path}: no questions (the file is empty)")
+            if not records:
+                raise ValueError(
+                    f"{path}: no question falls in the {split} split ({TEST_FRACTION:.0%} of questions are held out "
+                    f"by a hash of their text); add more lines"
+                )
+
+    @classmethod
+    def _read_file(cls, path: str) -> list[tuple[str, str, str]]:
         try:
             raw_lines = Path(path).read_bytes().split(b"\n")
         except OSError as e:
             raise ValueError(f"{path}: cannot read the file ({e.strerror})") from None
+        records = []
         for number, raw in enumerate(raw_lines, start=1):
             try:
                 line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
             except UnicodeDecodeError:
                 raise ValueError(f"{path}, line {number}: not UTF-8 text") from None
             if line.strip():
-                question, target, solution = self._read_record(line, f"{path}, line {number}")
-                split = "test" if _hash_unit(question) < TEST_FRACTION else "train"
-                self.splits[split].append((question, target, solution))
-        if not self.splits["train"] and not self.splits["test"]:
-            raise ValueError(f"{path}: no questions (the file is empty)")
-        for split, records in self.splits.items():
-            if not records:
-                raise ValueError(
-                    f"{path}: no question falls in the {split} split ({TEST_FRACTION:.0%} of questions are held out "
-                    f"by a hash of their text); add more lines"
-                )
+                records.append(cls._read_record(line, f"{path}, line {number}"))
+        return records
 
     @staticmethod
     def _read_record(line: str, where: str) -> tuple[str, str, str]:
@@ -598,9 +614,13 @@ class JsonlTask:
         return question, target, solution
 
     def _sample(self, n: int, rng: random.Random, split: str) -> list[tuple[str, str, str]]:
+        """n records without replacement; more than the split holds: training draws with replacement, an evaluation
+        gets every held-out question once (so that --eval-size >= the test file's length evaluates all of it)."""
         _check_split(split)
         records = self.splits[split]
-        return rng.sample(records, n) if n <= len(records) else rng.choices(records, k=n)
+        if n <= len(records) or split == "test":
+            return rng.sample(records, min(n, len(records)))
+        return rng.choices(records, k=n)
 
     def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
         return [(question, target) for question, target, _ in self._sample(n, rng, split)]
@@ -662,13 +682,18 @@ TASKS = {
 }
 
 
-def get_task(task: str):
-    """The task for a `--task` value: a name of TASKS, or the path of a .jsonl file.
+def get_task(task: str, eval_task: str | None = None):
+    """The task for a `--task` value: a name of TASKS, or the path of a .jsonl file; with `eval_task` (a .jsonl
+    file, --eval-task) the held-out questions are that file's instead of a hash split of --task's file.
     Raises ValueError with a one-line message otherwise (or naming the file and line of a malformed file)."""
+    if eval_task is not None and not task.endswith(".jsonl"):
+        raise ValueError(f"--eval-task needs --task to be a .jsonl file too (the {task!r} task makes its own test split)")
+    if eval_task is not None and not (eval_task.endswith(".jsonl") and Path(eval_task).is_file()):
+        raise ValueError(f"--eval-task must be the path of a .jsonl file, got {eval_task!r}")
     if task in TASKS:
         return TASKS[task]
     if task.endswith(".jsonl"):
         if not Path(task).is_file():
             raise ValueError(f"--task file not found: {task}")
-        return JsonlTask(task)
+        return JsonlTask(task, eval_task)
     raise ValueError(f"--task must be one of {', '.join(TASKS)} or the path of a .jsonl file, got {task!r}")

@@ -96,10 +96,23 @@ def test_bad_task_and_few_shot_give_one_clear_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "2"}\nnot json\n')
     for fields, start in [(dict(task="poetry"), "error: --task must be one of"), (dict(few_shot=-1), "error: --few-shot"),
-                          (dict(task=str(bad)), f"error: {bad}, line 2"), (dict(task="missing.jsonl"), "error: --task file not found")]:
+                          (dict(task=str(bad)), f"error: {bad}, line 2"), (dict(task="missing.jsonl"), "error: --task file not found"),
+                          (dict(task=EXAMPLE, eval_task=str(bad)), f"error: {bad}, line 2"),
+                          (dict(eval_task=EXAMPLE), "error: --eval-task needs --task to be a .jsonl file")]:
         with pytest.raises(SystemExit) as e:
             grpo.check_args(grpo.Args(**fields))
         assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
+
+
+def test_eval_task_file_is_the_held_out_set(tmp_path, in_process):
+    # the embedded model trained on the example file, evaluated on a file of its own: the first held-out prompt
+    # the run prints is one of that file's questions
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(f'{{"question": "{a}+{a}=", "answer": {2 * a}}}\n' for a in range(10, 40)))
+    test.write_text('{"question": "9+9=", "answer": 18}\n')
+    flags = ["--task", str(train), "--eval-task", str(test), "--num-iterations", "1", "--prompts-per-iteration", "2"]
+    out = in_process("grpo.py", flags)[1]
+    assert "the model reads (first held-out prompt): '9+9='" in out and "iteration    1/1" in out
 
 
 def test_prompts_longer_than_the_model_positions_give_one_clear_line(folders, in_process):

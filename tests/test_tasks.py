@@ -60,7 +60,9 @@ def test_same_seed_same_prompts(name):
         first = task.prompts(20, random.Random(7), split=split)
         assert first == task.prompts(20, random.Random(7), split=split)
         assert first != task.prompts(20, random.Random(8), split=split)
-        assert len(first) == 20 and all(isinstance(p, str) and isinstance(t, str) for p, t in first)
+        # a file's small test split is evaluated whole, each question once; everything else draws 20
+        expected = min(20, len(task.splits["test"])) if split == "test" and hasattr(task, "splits") else 20
+        assert len(first) == expected and all(isinstance(p, str) and isinstance(t, str) for p, t in first)
     assert task.examples(3, random.Random(7)) == task.examples(3, random.Random(7))
 
 
@@ -451,11 +453,31 @@ def test_jsonl_good_file(tmp_path):
     assert records["How many grams in 1,500 kg?"] == ("1500000", "1500000")  # no reasoning: the number
     assert records["Half of 5?"] == ("2.5", "2.5")
     assert records["What is 3 plus 4?"] == ("7", "3 + 4 = 7\n#### 7")
-    # without replacement while n fits in the split, with replacement beyond
+    # without replacement while n fits in the split; beyond it, training draws with replacement, and an evaluation
+    # gets the whole test split, each question once
     size = len(task.splits["test"])
     whole_split = sorted((q, t) for q, t, _ in task.splits["test"])
     assert sorted(task.prompts(size, random.Random(0), split="test")) == whole_split
-    assert len(task.prompts(size + 5, random.Random(0), split="test")) == size + 5
+    assert sorted(task.prompts(size + 5, random.Random(0), split="test")) == whole_split
+    train_size = len(task.splits["train"])
+    assert len(task.prompts(train_size + 5, random.Random(0), split="train")) == train_size + 5
+
+
+def test_jsonl_with_a_test_file_trains_on_one_and_evaluates_on_the_other(tmp_path):
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train.write_text("".join(json.dumps({"question": f"{i} + 1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(5)))
+    test.write_text("".join(json.dumps({"question": f"{i} * 2?", "answer": 2 * i}) + "\n" for i in range(7)))
+    task = get_task(str(train), str(test))
+    assert sorted(q for q, _, _ in task.splits["train"]) == sorted(f"{i} + 1?" for i in range(5))  # no hash split
+    assert sorted(task.prompts(1319, random.Random(0), split="test")) == sorted((f"{i} * 2?", str(2 * i)) for i in range(7))
+    assert {q for q, _ in task.examples(3, random.Random(0))} <= {f"{i} + 1?" for i in range(5)}  # shots from training
+    with pytest.raises(ValueError, match="needs --task to be a .jsonl file"):
+        get_task("countdown", str(test))
+    with pytest.raises(ValueError, match="--eval-task must be the path of a .jsonl file"):
+        get_task(str(train), str(tmp_path / "missing.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(ValueError, match="empty.jsonl: no questions"):
+        get_task(str(train), str(tmp_path / "empty.jsonl"))
 
 
 def test_shipped_example_file():
