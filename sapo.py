@@ -48,9 +48,9 @@ import torch
 from torch import Tensor
 
 from common.llm import (
-    IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids, format_prompts,
-    global_mean, gradient_sync, init_distributed, load_policy, parse_args, refuse_bad_args, resolve_model_path,
-    rollout_stats, save_model, stop_mask,
+    LOGITS_PER_CHUNK, IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids,
+    format_prompts, frozen_weights_to_bfloat16, global_mean, gradient_sync, init_distributed, load_policy, parse_args,
+    refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -65,7 +65,8 @@ class Args(ModelArgs):
     num_iterations: int = 150
     """number of sample-then-update iterations"""
     max_new_tokens: Optional[int] = None
-    """response length cap; default: 8 for the embedded models (the tiny model's answers take at most 5 tokens), 256 otherwise"""
+    """response length cap; default: 8 for the embedded models (the tiny model's answers take at most 5 tokens),
+    256 for real LLMs"""
     temperature: float = 1.0
     """sampling temperature; log-probs are computed at the same temperature"""
     # Optimisation
@@ -74,9 +75,11 @@ class Args(ModelArgs):
     num_minibatches: int = 4
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
-    """responses per forward/backward pass on each process (gradient accumulation, to fit memory); default: the whole minibatch"""
+    """responses per forward/backward pass on each process (gradient accumulation, to fit memory); default: the
+    whole minibatch"""
     learning_rate: Optional[float] = None
-    """Adam learning rate, decayed linearly to 0 over the run; default: 3e-4 for the embedded models, 1e-6 for real LLMs (1e-5 with LoRA)"""
+    """Adam learning rate, decayed linearly to 0 over the run; default: 3e-4 for the embedded models, 1e-6 for real
+    LLMs (1e-5 with LoRA)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change
@@ -183,17 +186,21 @@ def check_args(args: Args, world_size: int = 1) -> None:
 
 # ---------------------------------------------------------------- the reference policy of the KL term
 
-def reference_model(model, args: Args):
+def reference_model(model, args: Args, bf16: bool = False):
     """π_ref of the KL term, frozen at the starting policy; β = 0 needs none.
 
     With LoRA it is the policy itself with its adapters switched off while it scores (see
-    `reference_scoring`): the starting model, at no memory cost. Otherwise a frozen copy.
+    `reference_scoring`): the starting model, at no memory cost. Otherwise a frozen copy, whose
+    linear layers are stored in bfloat16 when the forward passes run under bfloat16 autocast.
     """
     if args.beta == 0:
         return None
     if args.lora_rank > 0:
         return model
-    return copy.deepcopy(model).eval().requires_grad_(False)
+    ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    if bf16:
+        frozen_weights_to_bfloat16(ref_model)
+    return ref_model
 
 
 def reference_scoring(ref_model, args: Args):
@@ -217,17 +224,26 @@ def response_logits(model, sequences: Tensor, attention_mask: Tensor, prompt_len
         input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_response + 1,
         use_cache=False,  # scoring needs no KV cache (and gradient checkpointing refuses one)
     ).logits[:, :-1]
-    return logits.float() / temperature
+    # float32 (so already, from the float32 output layer); divided in place: a second [N, T, vocab] copy would double the peak
+    return logits.float().div_(temperature)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy."""
-    return logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
+    A few rows at a time: logsumexp's temporaries are then [rows, T, vocab], and the logits alone are the peak."""
+    rows = max(1, LOGITS_PER_CHUNK // logits[0].numel())
+    return torch.cat([
+        chunk.gather(-1, chunk_tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+        for chunk, chunk_tokens in zip(logits.split(rows), tokens.split(rows))
+    ])
 
 
 def entropy(logits: Tensor) -> Tensor:
-    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [N, T]."""
-    return torch.logsumexp(logits, dim=-1) - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [N, T]; a few rows at a time."""
+    rows = max(1, LOGITS_PER_CHUNK // logits[0].numel())
+    return torch.cat([
+        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in logits.split(rows)
+    ])
 
 
 def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -315,8 +331,9 @@ class Rollout(NamedTuple):
 @torch.no_grad()
 def score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args: Args, autocast):
     """Log-probs of the sampled tokens under π_θold (the model as it sampled) and π_ref: fixed targets of the
-    update, no gradient. Also the entropy of π_θold at each position, for logging. All [N, T]."""
-    micro_batch_size = args.micro_batch_size or len(responses)
+    update, no gradient. Also the entropy of π_θold at each position, for logging. All [N, T].
+    Scored in batches of the update's shape: GPU kernels round differently for other shapes."""
+    micro_batch_size = args.micro_batch_size or len(responses) // args.num_minibatches
     model.eval()
     old_logprobs, ref_logprobs, entropies = [], [], []
     for start in range(0, len(responses), micro_batch_size):
@@ -408,15 +425,19 @@ if __name__ == "__main__":
     random.seed(args.seed + rank)
     np.random.seed(args.seed + rank)
     torch.manual_seed(args.seed + rank)
-    # On a GPU: float32 weights (so that small Adam steps are not lost to rounding) and bfloat16 autocast.
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    # On a GPU: float32 trainable weights (so that small Adam steps are not lost to rounding), bfloat16 autocast, the
+    # output layer in float32, and the frozen weights (LoRA's base model, the reference copy) stored in bfloat16.
+    bf16 = device.type == "cuda"
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    tokenizer, model = load_policy(args.model, model_path, device)
+    tokenizer, model = load_policy(args.model, model_path, device, args.float32_logits)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()  # active in train mode only: the update, not sampling
     if args.lora_rank > 0:
         model = add_lora(model, args.lora_rank, args.lora_alpha)
-    ref_model = reference_model(model, args)
+        if bf16:
+            frozen_weights_to_bfloat16(model)
+    ref_model = reference_model(model, args, bf16)
     # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
     train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)

@@ -28,6 +28,7 @@ from common.tasks import EVAL_SEED, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EMBEDDED_MODELS = os.path.join(ROOT, "common", "models")  # the toy models shipped with the repo
+LOGITS_PER_CHUNK = 2**24  # log-probs and entropies read ~16M logits (64 MB in float32) at a time, not [N, T, vocab]
 
 
 # ---------------------------------------------------------------- the flags that are not the method
@@ -66,7 +67,10 @@ class ModelArgs:
     seed: int = 1
     """seed of random, numpy and torch (prompts, sampling, initial state); process k of torchrun uses seed + k"""
     cuda: bool = True
-    """use the GPU (with bfloat16 autocast) when there is one"""
+    """use the GPU (with bfloat16 autocast, frozen weights in bfloat16) when there is one"""
+    float32_logits: bool = True
+    """compute the output layer in float32 under bfloat16 autocast, so that π_θold and π_θ agree at ratio 1 (turn
+    off only to measure what it fixes)"""
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
 
@@ -202,13 +206,16 @@ def disable_dropout(model) -> None:
                 setattr(module, name, 0.0)
 
 
-def load_policy(name: str, model_path: str, device):
-    """Tokenizer and model from a hub id, a folder or a .gguf file, dropout off, ready for left-padded batched generation."""
+def load_policy(name: str, model_path: str, device, float32_logits: bool = True):
+    """Tokenizer and model from a hub id, a folder or a .gguf file, dropout off, ready for left-padded batched generation
+    (and with `float32_logits`, its output layer in float32 under autocast)."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # one console line per iteration, no loading bars
-    folder, gguf = (os.path.dirname(model_path), {"gguf_file": os.path.basename(model_path)}) if model_path.endswith(".gguf") else (model_path, {})
+    folder, gguf = model_path, {}
+    if model_path.endswith(".gguf"):  # transformers reads the file and dequantises its weights to float32
+        folder, gguf = os.path.dirname(model_path), {"gguf_file": os.path.basename(model_path)}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
         if tokenizer.eos_token_id is None:
@@ -230,10 +237,46 @@ def load_policy(name: str, model_path: str, device):
     for key in ("local_files_only", "is_local"):  # how this machine found the files: not for another machine
         tokenizer.init_kwargs.pop(key, None)
     disable_dropout(model)
+    if float32_logits:
+        float32_output_layer(model)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it
     tokenizer.padding_side = "left"  # generation appends at the right end of every row
     return tokenizer, model
+
+
+class Float32OutputLayer(torch.nn.Linear):
+    """The output layer computed in float32, also under bfloat16 autocast.
+
+    Under autocast a linear layer runs in bfloat16, whose 8-bit mantissa rounds a logit of 10 by up to 0.03. The
+    log-probs of π_θold (scored in one batch shape) and of π_θ at the first update (another shape, other GPU
+    kernels) would then differ by far more than GSPO's clip range (3e-4) at a ratio that must be exactly 1."""
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(hidden.float(), self.weight.float(), bias)
+
+
+def float32_output_layer(model) -> None:
+    """Make the model's output layer a Float32OutputLayer: the same module and weights (tied or not), another forward."""
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear:  # GPT-2, Llama, Qwen, ... (a subclass keeps its own forward)
+        head.__class__ = Float32OutputLayer
+
+
+def frozen_weights_to_bfloat16(model) -> None:
+    """The frozen weights that bfloat16 autocast would cast at every forward (and every decoding step) stored in
+    bfloat16 once: those of linear layers (with LoRA, the base model's; a reference copy's). Trainable weights and
+    Adam's state stay float32 (small steps would be lost to rounding); embeddings, norms and the float32 output
+    layer keep their precision. Needs autocast on: a bfloat16 weight meets a float32 input only through it."""
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and not isinstance(module, Float32OutputLayer):
+            for parameter in module.parameters(recurse=False):
+                if not parameter.requires_grad:
+                    parameter.data = parameter.data.to(torch.bfloat16)
 
 
 def add_lora(model, rank: int, alpha: float):
@@ -368,7 +411,8 @@ def global_mean(value: float) -> float:
 
 # ---------------------------------------------------------------- the bookkeeping of an iteration
 
-def rollout_stats(rewards: Tensor, accuracies: Tensor, mask: Tensor, truncated: Tensor, entropies: Tensor, group_size: int) -> dict:
+def rollout_stats(rewards: Tensor, accuracies: Tensor, mask: Tensor, truncated: Tensor, entropies: Tensor,
+                  group_size: int) -> dict:
     """What one iteration's samples look like (this process's share): the tags every group file logs.
     `accuracies` is the task's reward (1 = right); `rewards` may add shaping to it (DAPO's length penalty)."""
     lengths, right = mask.sum(dim=1).float(), (accuracies == 1).float()

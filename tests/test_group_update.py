@@ -454,8 +454,8 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
         updates.append(rollout)
         return real_update(model, optimizer, rollout, args, autocast)
 
-    def get_task(name):
-        return RecordingTask(module.get_task(name), rounds)
+    def get_task(name, eval_task=None):
+        return RecordingTask(module.get_task(name, eval_task), rounds)
 
     # The file's own functions (dapo.py's dynamic_sampling) must call the recording sample() too: rebind them here.
     for name, value in list(namespace.items()):

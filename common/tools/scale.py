@@ -2,7 +2,8 @@
 
     python -m common.tools.scale                                              # GPT-2 124M, the four variants, on CPU
     python -m common.tools.scale --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
-    python -m common.tools.scale --configs qwen2.5-0.5b qwen2.5-1.5b --variants full lora   # on a GPU box
+    python -m common.tools.scale --configs qwen2.5-0.5b qwen2.5-1.5b --script gspo.py \
+        --variants full lora full+bf16-logits --prompts 32 --max-new-tokens 256 --micro-batch-size 32   # on a GPU box
 
 No weights are downloaded: the model is built from its configuration (the real layer count, widths,
 heads and vocabulary) with random weights, next to a small BPE tokenizer, and saved to a temporary
@@ -15,8 +16,15 @@ reads back its TensorBoard log:
     torch.cuda.max_memory_allocated on a GPU (logged by the script as perf/peak_gpu_memory_gb).
 
 Variants: full (full fine-tuning, β = 0.04: a frozen reference copy), lora (--lora-rank 16: the
-reference is the same model with adapters off), and either with +gc (--gradient-checkpointing).
+reference is the same model with adapters off), either with +gc (--gradient-checkpointing), and
+either with +bf16-logits (--no-float32-logits: the output layer in bfloat16 under autocast, as it
+would be without the float32 output layer; on a CPU there is no autocast and nothing changes).
 The first iteration warms caches up; the figures are medians over the iterations after it.
+
+Each run takes one optimiser step per iteration (--num-minibatches 1), so every step is taken at
+π_θ = π_θold, where every ratio is 1 in exact arithmetic: the clip fraction logged there (the table's
+"clipped at ratio 1") is numerical noise alone. With gspo.py (clip range 3e-4 / 4e-4 per response) it
+is the test of whether the log-probs of sampling-time scoring and of the update agree.
 """
 
 import argparse
@@ -47,6 +55,8 @@ VARIANTS = {
     "lora": ["--lora-rank", "16"],
     "full+gc": ["--gradient-checkpointing"],
     "lora+gc": ["--lora-rank", "16", "--gradient-checkpointing"],
+    "full+bf16-logits": ["--no-float32-logits"],
+    "lora+bf16-logits": ["--lora-rank", "16", "--no-float32-logits"],
 }
 
 
@@ -109,6 +119,7 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
         logprobs=median("perf/logprob_seconds"),
         update=median("perf/update_seconds"),
         tokens_per_second=median("charts/tokens_per_second"),
+        clipped_at_one=median("losses/clipfrac"),  # sapo.py logs its gate instead: nan
         memory=f"{max(gpu):.1f} GB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GB RSS",
     )
 
@@ -116,7 +127,8 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["gpt2-124m"], choices=list(CONFIGS), help="default: gpt2-124m")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="default: all four")
+    parser.add_argument("--variants", nargs="+", default=["full", "lora", "full+gc", "lora+gc"], choices=list(VARIANTS),
+                        help="default: full lora full+gc lora+gc")
     parser.add_argument("--script", default="grpo.py", help="the group script to run (default: grpo.py)")
     parser.add_argument("--iterations", type=int, default=3, help="iterations per run; the first is warm-up (default: 3)")
     parser.add_argument("--prompts", type=int, default=8, help="B, prompts per iteration (default: 8)")
@@ -143,12 +155,13 @@ def main() -> None:
                 rows.append((name, variant, row))
     batch = f"B = {args.prompts} × G = {args.group_size}, {args.max_new_tokens} new tokens, micro-batch {args.micro_batch_size}"
     print(f"\n{args.script}, {batch}, {args.threads} thread(s); medians over iterations 2..{args.iterations}\n")
-    print("| model | variant | generation s | log-probs s | update s | s / iteration | tokens/s | peak memory |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | variant | generation s | log-probs s | update s | s / iteration | generation share | tokens/s "
+          "| peak memory | clipped at ratio 1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, variant, row in rows:
         total = row["generate"] + row["logprobs"] + row["update"]
         print(f"| {name} | {variant} | {row['generate']:.2f} | {row['logprobs']:.2f} | {row['update']:.2f} | {total:.2f} | "
-              f"{row['tokens_per_second']:.0f} | {row['memory']} |")
+              f"{row['generate'] / total:.0%} | {row['tokens_per_second']:.0f} | {row['memory']} | {row['clipped_at_one']:.4f} |")
 
 
 if __name__ == "__main__":

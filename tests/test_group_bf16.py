@@ -1,0 +1,198 @@
+"""The GPU path, run on a CPU: bfloat16 autocast with the output layer in float32, log-probs and entropies computed a
+few rows at a time, and the frozen weights (LoRA's base model, the reference copy) stored in bfloat16.
+
+A CPU cannot show the GPU's batch-shape-dependent rounding itself; what it can show is that the code takes the
+same path (autocast on, float32 logits, bfloat16 frozen weights) and that, on that path, the ratio at the first
+update is exactly 1 for every file, so that GSPO's clip range of 3e-4 sees no noise."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import dapo
+import dr_grpo
+import grpo
+import gspo
+import sapo
+from common import llm
+from fixed_rollouts import fixed_rollout, tiny_gpt2, update_args
+from hub_like_models import make_model_folder
+
+MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
+CPU = torch.device("cpu")
+BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
+ARCHITECTURES = ["gpt2", "llama", "qwen2"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bf16_models")
+    return {arch: make_model_folder(arch, root / arch, dropout=0.0) for arch in ARCHITECTURES}
+
+
+def batch(tokenizer, seed=0, n=8, width=20, prompt_len=6):
+    torch.manual_seed(seed)
+    sequences = torch.randint(3, len(tokenizer) - 1, (n, width))
+    return sequences, torch.ones_like(sequences), prompt_len, sequences[:, prompt_len:]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_the_output_layer_runs_in_float32_under_autocast(arch, folders):
+    """Under bfloat16 autocast the logits equal the float32 product of the last hidden state and the output weights,
+    bit for bit; a plain output layer (float32_logits off) rounds them to bfloat16."""
+    for float32_logits in (True, False):
+        tokenizer, model = llm.load_policy(arch, folders[arch], CPU, float32_logits=float32_logits)
+        head = model.get_output_embeddings()
+        seen = {}
+        head.register_forward_hook(lambda module, inputs, output: seen.update(hidden=inputs[0], logits=output))
+        sequences, attention_mask, prompt_len, _ = batch(tokenizer)
+        with torch.no_grad(), BF16:
+            model(input_ids=sequences, attention_mask=attention_mask)
+        exact = F.linear(seen["hidden"].float(), head.weight.float())
+        if float32_logits:
+            assert seen["logits"].dtype == torch.float32 and torch.equal(seen["logits"], exact)
+        else:
+            assert seen["logits"].dtype == torch.bfloat16 and not torch.equal(seen["logits"].float(), exact)
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_logprobs_under_bf16_autocast_are_within_1e_3_of_float32(arch, folders):
+    """The rest of the network still runs in bfloat16: token log-probs stay within 1e-3 of the float32 ones on these
+    models (measured: at most 5.3e-4; with a bfloat16 output layer up to 2.7e-3)."""
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    sequences, attention_mask, prompt_len, responses = batch(tokenizer)
+    with torch.no_grad():
+        exact = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 0.7), responses)
+        with BF16:
+            rounded = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 0.7), responses)
+    assert rounded.dtype == torch.float32
+    assert (rounded - exact).abs().max() < 1e-3
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_first_minibatch_ratio_is_one_under_bf16_autocast(name):
+    """π_θold scored under autocast in the update's batch shape, then the first of 4 minibatch steps: every ratio is
+    exactly 1, so nothing is clipped (GSPO's ±3e-4 included) and SAPO's gate is exactly 1."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    llm.float32_output_layer(model)
+    rollout = fixed_rollout(module, model, num_groups=4)
+    args = update_args(module, num_minibatches=4, beta=0.0)
+    with torch.no_grad():
+        old, _, _ = module.score_responses(model, None, rollout.sequences, rollout.attention_mask, rollout.prompt_len,
+                                           rollout.responses, args, BF16)
+    rollout = rollout._replace(old_logprobs=old, ref_logprobs=None)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    stats = module.update_policy(model, optimizer, rollout, args, BF16)
+    if name == "sapo":
+        assert stats["gate"][0] == 1.0
+    else:
+        assert stats["clipfrac"][0] == 0.0
+    assert stats["policy_loss"][0] != 0.0  # the minibatch carried signal
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_lora_base_weights_in_bf16_adapters_and_adam_in_float32(arch, folders):
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    embeddings_before = model.get_input_embeddings().weight.detach().clone()
+    model = llm.add_lora(model, 4, 8.0)
+    llm.frozen_weights_to_bfloat16(model)
+    frozen_linear, trainable = [], []
+    for parameter_name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            trainable.append(parameter)
+            assert parameter.dtype == torch.float32, parameter_name
+            assert "lora_" in parameter_name, parameter_name
+        elif "base_layer" in parameter_name:
+            frozen_linear.append(parameter)
+            assert parameter.dtype == torch.bfloat16, parameter_name
+    assert frozen_linear and trainable
+    assert model.get_input_embeddings().weight.dtype == torch.float32  # read by index, never recast by autocast
+    assert model.get_output_embeddings().weight.dtype == torch.float32  # the float32 output layer
+    assert torch.equal(model.get_input_embeddings().weight, embeddings_before)
+    # one update step on the autocast path: the adapters move, Adam's moments are float32, the base stays
+    sequences, attention_mask, prompt_len, responses = batch(tokenizer, n=8)
+    mask = torch.ones(responses.shape)
+    advantages = grpo.compute_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * 2), 4)
+    with torch.no_grad(), BF16:
+        old = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
+    rollout = grpo.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old, None)
+    base_before = [p.detach().clone() for p in frozen_linear]
+    optimizer = torch.optim.Adam(trainable, lr=1e-2)
+    grpo.update_policy(model, optimizer, rollout, update_args(grpo, group_size=4, beta=0.0, temperature=1.0), BF16)
+    assert all(torch.equal(p, q) for p, q in zip(frozen_linear, base_before))
+    assert all(state["exp_avg"].dtype == torch.float32 for state in optimizer.state.values()) and optimizer.state
+
+
+def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(folders):
+    """Autocast casts the policy's float32 linear weights to bfloat16 at every forward: a copy stored in bfloat16
+    computes the very same log-probs, at half the memory of its linear layers."""
+    tokenizer, model = llm.load_policy("qwen2", folders["qwen2"], CPU)
+    args = grpo.Args(beta=0.04)
+    ref_model = grpo.reference_model(model, args, bf16=True)
+    assert grpo.reference_model(model, args).get_input_embeddings().weight.dtype == torch.float32  # CPU: float32 copy
+    linear = [m for m in ref_model.modules() if type(m) is torch.nn.Linear]
+    assert linear and all(m.weight.dtype == torch.bfloat16 for m in linear)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the policy is untouched
+    assert ref_model.get_output_embeddings().weight.dtype == torch.float32
+    sequences, attention_mask, prompt_len, responses = batch(tokenizer)
+    with torch.no_grad(), BF16:
+        policy = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
+        reference = grpo.token_logprobs(grpo.response_logits(ref_model, sequences, attention_mask, prompt_len, 1.0), responses)
+    assert torch.equal(policy, reference)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch):
+    """Row by row (a chunk of one row here) gives bit for bit what the formulas give on the whole [N, T, vocab]."""
+    module = MODULES[name]
+    generator = torch.Generator().manual_seed(0)
+    logits = 4 * torch.randn(6, 5, 50, generator=generator)
+    tokens = torch.randint(0, 50, (6, 5), generator=generator)
+    whole_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    probs = torch.softmax(logits, dim=-1)
+    whole_entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+    for per_chunk in (5 * 50, 2 * 5 * 50, 10**9):  # one row, two rows, everything at once
+        monkeypatch.setattr(module, "LOGITS_PER_CHUNK", per_chunk)
+        torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
+        torch.testing.assert_close(module.entropy(logits), whole_entropy, rtol=0, atol=1e-5)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
+    one_row = module.token_logprobs(logits, tokens)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 10**9)
+    assert torch.equal(one_row, module.token_logprobs(logits, tokens))  # rows are independent: chunking changes nothing
+    # and the gradient flows through the chunks as through the whole
+    logits.requires_grad_(True)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
+    (grad,) = torch.autograd.grad(module.token_logprobs(logits, tokens).sum(), logits)
+    (whole_grad,) = torch.autograd.grad(torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).sum(), logits)
+    torch.testing.assert_close(grad, whole_grad, rtol=0, atol=1e-6)
+
+
+def test_float32_output_layer_upcasts_a_bfloat16_input():
+    # a model whose residual stream is bfloat16 hands the output layer bfloat16 hidden states: still float32 logits
+    head = torch.nn.Linear(16, 40, bias=False)
+    llm_head = copy.deepcopy(head)
+    llm_head.__class__ = llm.Float32OutputLayer
+    hidden = torch.randn(3, 16).to(torch.bfloat16)
+    with BF16:
+        logits = llm_head(hidden)
+    assert logits.dtype == torch.float32 and torch.equal(logits, F.linear(hidden.float(), head.weight))
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_old_logprobs_are_scored_in_the_update_s_batch_shape(name, monkeypatch):
+    """On a GPU the kernels round differently for other batch shapes: π_θold is scored in batches of the update's
+    minibatch (or micro-batch) size, not on the whole rollout at once."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model, num_groups=4)  # 16 responses
+    shapes, real = [], module.response_logits
+    monkeypatch.setattr(module, "response_logits",
+                        lambda model, sequences, *rest: shapes.append(len(sequences)) or real(model, sequences, *rest))
+    for micro_batch_size, expected in ((None, 4), (2, 2)):
+        shapes.clear()
+        args = update_args(module, micro_batch_size=micro_batch_size, num_minibatches=4)
+        module.score_responses(model, None, rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses,
+                               args, torch.autocast("cpu", enabled=False))
+        assert shapes == [expected] * (16 // expected)
