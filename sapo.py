@@ -218,32 +218,36 @@ def response_logits(model, sequences: Tensor, attention_mask: Tensor, prompt_len
     absolute positions). These logits are the memory peak: score in micro-batches on big vocabularies.
     """
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    num_response = sequences.shape[1] - prompt_len
-    # Only the logits that predict response tokens are needed: positions prompt_len-1 .. end-1.
+    # Only the logits that predict response tokens are needed: positions prompt_len-1 .. end-1 (given as indices,
+    # so that the output layer computes just these, into one contiguous tensor).
+    predicting = torch.arange(prompt_len - 1, sequences.shape[1] - 1, device=sequences.device)
     logits = model(
-        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=num_response + 1,
+        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=predicting,
         use_cache=False,  # scoring needs no KV cache (and gradient checkpointing refuses one)
-    ).logits[:, :-1]
+    ).logits
     # float32 (so already, from the float32 output layer); divided in place: a second [N, T, vocab] copy would double the peak
     return logits.float().div_(temperature)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
-    A few rows at a time: logsumexp's temporaries are then [rows, T, vocab], and the logits alone are the peak."""
-    rows = max(1, LOGITS_PER_CHUNK // logits[0].numel())
+    A few positions at a time: logsumexp's temporaries are then [positions, vocab], and the logits alone are the peak."""
+    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
+    flat_logits, flat_tokens = logits.flatten(0, 1), tokens.flatten()  # [N*T, vocab], [N*T]
     return torch.cat([
         chunk.gather(-1, chunk_tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
-        for chunk, chunk_tokens in zip(logits.split(rows), tokens.split(rows))
-    ])
+        for chunk, chunk_tokens in zip(flat_logits.split(positions), flat_tokens.split(positions))
+    ]).view_as(tokens)
 
 
 def entropy(logits: Tensor) -> Tensor:
-    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [N, T]; a few rows at a time."""
-    rows = max(1, LOGITS_PER_CHUNK // logits[0].numel())
+    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [N, T]; a few positions
+    at a time."""
+    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
     return torch.cat([
-        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in logits.split(rows)
-    ])
+        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
+        for chunk in logits.flatten(0, 1).split(positions)
+    ]).view(logits.shape[:-1])
 
 
 def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -145,7 +145,7 @@ def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(fo
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch):
-    """Row by row (a chunk of one row here) gives bit for bit what the formulas give on the whole [N, T, vocab]."""
+    """A few positions at a time (here 5, 10, or all) gives what the formulas give on the whole [N, T, vocab]."""
     module = MODULES[name]
     generator = torch.Generator().manual_seed(0)
     logits = 4 * torch.randn(6, 5, 50, generator=generator)
@@ -153,14 +153,14 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
     whole_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     probs = torch.softmax(logits, dim=-1)
     whole_entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
-    for per_chunk in (5 * 50, 2 * 5 * 50, 10**9):  # one row, two rows, everything at once
+    for per_chunk in (3 * 50, 5 * 50, 2 * 5 * 50, 10**9):  # 5 positions (a row), 10 (two rows), everything at once
         monkeypatch.setattr(module, "LOGITS_PER_CHUNK", per_chunk)
         torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
         torch.testing.assert_close(module.entropy(logits), whole_entropy, rtol=0, atol=1e-5)
     monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
     monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 10**9)
-    assert torch.equal(one_row, module.token_logprobs(logits, tokens))  # rows are independent: chunking changes nothing
+    assert torch.equal(one_row, module.token_logprobs(logits, tokens))  # positions are independent: chunks change nothing
     # and the gradient flows through the chunks as through the whole
     logits.requires_grad_(True)
     monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)

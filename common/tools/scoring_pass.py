@@ -1,5 +1,5 @@
 """Peak memory and time of the scoring pass (log-probs and entropies of π_θold), against the implementation before
-log-probs were computed a few rows at a time.
+log-probs were computed a few positions at a time.
 
     python -m common.tools.scoring_pass                                   # Qwen2.5-0.5B configuration, 4 × 256 tokens
     python -m common.tools.scoring_pass --config gpt2-124m --responses 8 --repeats 5
@@ -11,7 +11,7 @@ only the log-prob code differs). Two variants, run in turn (A B A B ...) so that
 
     whole   the code before: logits ÷ T into a second [N, T, vocab] tensor, logsumexp over the whole tensor,
             entropy through a whole softmax (kept below, as the baseline of the measurement)
-    chunked the code now: logits ÷ T in place, log-probs and entropy a few rows at a time
+    chunked the code now: logits ÷ T in place, log-probs and entropy a few positions at a time
 
 Peak memory is the rise of the process's peak RSS during the pass above its RSS before it (the model's weights
 are built before, once). Medians over --repeats; the ratio whole / chunked is taken pair by pair.
