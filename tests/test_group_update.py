@@ -461,10 +461,22 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
     for name, value in list(namespace.items()):
         if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
             namespace[name] = types.FunctionType(value.__code__, namespace, name, value.__defaults__, value.__closure__)
-    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task)
+    def rollout_stats(rewards, accuracies, *rest):
+        logged.append(dict(rewards=rewards.tolist(), accuracies=accuracies.tolist()))
+        return module.rollout_stats(rewards, accuracies, *rest)
+
+    class IterationLog(module.IterationLog):
+        def end_iteration(self, iteration, scalars, *rest):
+            logged.append(scalars)
+            return super().end_iteration(iteration, scalars, *rest)
+
+    logged = []
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, rollout_stats=rollout_stats,
+                     IterationLog=IterationLog)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)
+    run_main.logged = logged  # what the iteration logged: rollout_stats' inputs, then the scalars
     return [r for r in rounds if r["training"]], updates
 
 
@@ -570,3 +582,11 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
     expected = torch.tensor(hand_advantages([shaped[i] for i in rows], group_size), dtype=rollout.advantages.dtype)
     kept = rollout.mask.sum(1) > 0
     torch.testing.assert_close(rollout.advantages[kept], expected[kept], atol=1e-5, rtol=1e-5)
+
+    # what is logged: the task's accuracy next to the shaped reward of the batch rows, how many rounds were sampled
+    # and the share of signal groups among all that was sampled
+    stats_inputs, scalars = run_main.logged
+    assert stats_inputs["accuracies"] == [accuracies[i] for i in rows]
+    assert stats_inputs["rewards"] == pytest.approx([shaped[i] for i in rows])
+    assert scalars["charts/sampling_rounds"] == len(rounds)
+    assert scalars["charts/signal_group_fraction"] == pytest.approx(sum(signal) / len(signal))
