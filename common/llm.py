@@ -48,8 +48,9 @@ class ModelArgs:
     """a .jsonl file of held-out questions (e.g. a dataset's official test file) instead of the hash-split 10 % of
     --task's .jsonl file; --eval-size at least its length evaluates every question once"""
     few_shot: Optional[int] = None
-    """base models (no chat template): solved training examples shown before each question, and the response ends
-    where the answer does; default: the task's (2-3), 0 for the embedded models (trained on bare questions)"""
+    """solved training examples before each question: as text for a base model (whose response then ends where the
+    answer does), as earlier turns for a chat model; default: the task's (2-3) for a base model, 0 for a chat model
+    and for the embedded models (trained on bare questions)"""
     system_prompt: Optional[str] = None
     """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
     # Memory: models that do not fit with full fine-tuning
@@ -123,11 +124,8 @@ def resolve_defaults(args) -> list[str]:
             value = max(args.max_new_tokens // 5, 0)
         setattr(args, name, value)
         lines.append(f"--{name.replace('_', '-')} {value}  ({'the embedded models' if embedded else source})")
-    if args.few_shot is None:
-        try:
-            args.few_shot = 0 if embedded else get_task(args.task).default_few_shot
-        except ValueError:
-            pass  # an unknown task: check_args names it
+    if args.few_shot is None and embedded:
+        args.few_shot = 0  # trained on bare questions; a real model's default depends on its kind (num_examples)
     return lines
 
 
@@ -310,31 +308,47 @@ def save_model(model, tokenizer, folder: str) -> None:
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
 
-def format_prompts(tokenizer, task, prompts: list[str], few_shot: int, system_prompt: Optional[str]) -> list[str]:
-    """What the model reads. A chat model: its chat template, with the question and the task's answer format
-    in the user turn (after the system prompt). A base model: `few_shot` solved examples from the training
-    split, then the question, so that it answers in the format the reward reads; 0 examples: the bare question."""
+def num_examples(tokenizer, task, few_shot: Optional[int]) -> int:
+    """--few-shot, or by default: the task's number for a base model (without examples it does not answer in the
+    format the reward reads), none for a chat model (the user turn states the format)."""
+    if few_shot is not None:
+        return few_shot
+    return 0 if tokenizer.chat_template is not None else task.default_few_shot
+
+
+def format_prompts(tokenizer, task, prompts: list[str], few_shot: Optional[int], system_prompt: Optional[str]) -> list[str]:
+    """What the model reads. A chat model: its chat template, with the question and the task's answer format in the
+    user turn (after the system prompt), after `few_shot` solved examples as earlier user and assistant turns. A base
+    model: `few_shot` solved examples as text, then the question, so that it answers in the format the reward reads;
+    0 examples: the bare question. The examples come from the training split, the same for every prompt."""
+    k = num_examples(tokenizer, task, few_shot)
+    examples = task.examples(k, random.Random(EVAL_SEED)) if k else []
     if tokenizer.chat_template is not None:
         system = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        shots = []
+        for question, answer in examples:
+            shots += [{"role": "user", "content": f"{question}\n{task.instruction}"}, {"role": "assistant", "content": answer}]
         return [
             tokenizer.apply_chat_template(
-                system + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False, add_generation_prompt=True
+                system + shots + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False,
+                add_generation_prompt=True,
             )
             for p in prompts
         ]
-    if not few_shot:
+    if not examples:
         return prompts
-    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in task.examples(few_shot, random.Random(EVAL_SEED)))
+    shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in examples)
     return [f"{shots}Question: {p}\nAnswer:" for p in prompts]
 
 
-def answer_stop(tokenizer, task, few_shot: int) -> Optional[str]:
+def answer_stop(tokenizer, task, few_shot: Optional[int]) -> Optional[str]:
     """Where a few-shot base model's answer ends: at the first newline, or at the blank line that separates the
     examples when their answers span lines. Without the cut it would run on into a question of its own, and
     the reward would read the wrong number. Chat models and bare questions end at an EOS token."""
-    if tokenizer.chat_template is not None or not few_shot:
+    k = num_examples(tokenizer, task, few_shot)
+    if tokenizer.chat_template is not None or not k:
         return None
-    multi_line = any("\n" in a for _, a in task.examples(few_shot, random.Random(EVAL_SEED)))
+    multi_line = any("\n" in a for _, a in task.examples(k, random.Random(EVAL_SEED)))
     return "\n\n" if multi_line else "\n"
 
 

@@ -35,9 +35,20 @@ def test_chat_model_gets_its_template_the_answer_format_and_the_system_prompt(fo
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         f"<|im_start|>user\nUsing the numbers 1, 2, 3, make 6\n{task.instruction}<|im_end|>\n<|im_start|>assistant\n"
     )
-    (plain,) = llm.format_prompts(tokenizer, task, ["q"], 3, None)  # few-shot is for base models only
-    assert plain.startswith("<|im_start|>user\nq\n") and "Question:" not in plain
+    assert llm.format_prompts(tokenizer, task, ["q"], None, None) == llm.format_prompts(tokenizer, task, ["q"], 0, None)
     assert llm.answer_stop(tokenizer, task, 3) is None  # a chat model ends its turn itself
+
+
+def test_chat_model_reads_its_examples_as_earlier_turns(folders):
+    tokenizer = tokenizer_of(folders["qwen3"])
+    task = TASKS["addition"]
+    (text,) = llm.format_prompts(tokenizer, task, ["12+30="], 2, None)
+    (first, first_answer), (second, second_answer) = task.examples(2, random.Random(EVAL_SEED))
+    turn = "<|im_start|>user\n{}\n" + task.instruction + "<|im_end|>\n"
+    assert text == (turn.format(first) + f"<|im_start|>assistant\n{first_answer}<|im_end|>\n"
+                    + turn.format(second) + f"<|im_start|>assistant\n{second_answer}<|im_end|>\n"
+                    + turn.format("12+30=") + "<|im_start|>assistant\n")
+    assert "Question:" not in text
 
 
 @pytest.mark.parametrize("task_name, stop", [("addition", "\n"), ("countdown", "\n"), (EXAMPLE, "\n\n")])
@@ -53,6 +64,9 @@ def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_end
     assert llm.answer_stop(tokenizer, task, 2) == stop
     assert llm.format_prompts(tokenizer, task, [question], 0, None) == [question]  # bare question
     assert llm.answer_stop(tokenizer, task, 0) is None
+    # by default a base model gets the task's number of examples
+    assert llm.format_prompts(tokenizer, task, [question], None, None) == llm.format_prompts(
+        tokenizer, task, [question], task.default_few_shot, None)
 
 
 def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):

@@ -20,7 +20,7 @@ def test_a_real_model_gets_real_llm_defaults_and_a_typed_flag_wins():
     args = dapo.Args(model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
     assert (args.learning_rate, args.max_new_tokens, args.eval_size) == (1e-6, 256, 100)
     assert args.overlong_buffer == 256 // 5  # DAPO's buffer is a fifth of the cap (4096 of 20480 in the paper)
-    assert args.few_shot == 3  # the task's examples, used only if the model has no chat template
+    assert args.few_shot is None  # decided by the model's kind once it is loaded: llm.num_examples
     assert grpo.Args(model="gpt2", lora_rank=16).learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
     typed = dapo.Args(model="gpt2", learning_rate=3e-5, max_new_tokens=100)
     assert (typed.learning_rate, typed.max_new_tokens, typed.overlong_buffer) == (3e-5, 100, 20)
