@@ -148,7 +148,7 @@ SEMANTIC = [
      "--overlong-filtering without effect"),
     ("dapo.py", "signal = has_signal(accuracies, args.group_size)", "signal = has_signal(rewards, args.group_size)",
      "dynamic sampling filters on the shaped reward, not on accuracy"),
-    *[(f, "return logits.float() / temperature", "return logits.float()", "log-probs ignore --temperature") for f in GROUP],
+    *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature") for f in GROUP],
     *[(f, "logits = response_logits(ref_model, sequences[rows]", "logits = response_logits(model, sequences[rows]",
        "reference log-probs taken from the current policy") for f in GROUP],
     *[(f, "return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()",
