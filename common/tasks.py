@@ -25,7 +25,9 @@ run and every method is evaluated on the same questions.
    \\boxed{...} or a "####"), is the target written as an integer ("085" and "85.0" are not, "1,085" is).
    So an instruct model that writes "The answer is 85." is graded on 85, "−85" is minus 85, and "8.5", "1,085",
    "85²" or "2^85" are not read as 85 or 5; the embedded tiny model answers with digits only.
-   Demonstration: the bare number ("85"). default_few_shot = 3.
+   Demonstration: the sum written out ("37 + 48 = 85"). default_few_shot = 3.
+   "addition2" is addition with operands of 1 to 2 digits: the task on which a small real chat model
+   (SmolLM2-135M-Instruct, with --few-shot 3) starts at ~30 % sampled accuracy, where RL shows.
 
 2. Countdown: "countdown"
    Three or four numbers (equally likely), each uniform in 1..25, and a target in 1..100 made by construction:
@@ -286,7 +288,10 @@ class Arithmetic:
         return out
 
     def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
-        return self.prompts(k, rng, split="train")  # the target is already a complete response
+        # The sum written out ("37 + 48 = 85"): a small chat model shown bare numbers ("85") as answers drops to ~3 %
+        # accuracy (SmolLM2-135M-Instruct, 2-digit addition), shown the sum written out it writes one and gets ~30 %.
+        pairs = self.prompts(k, rng, split="train")
+        return [(prompt, f"{prompt[:-1].replace(self.op, f' {self.op} ', 1)} = {target}") for prompt, target in pairs]
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
@@ -675,6 +680,7 @@ class Reverse:
 # The embedded long model (common/models/long_model) was pretrained on "reverse" only.
 TASKS = {
     "addition": Arithmetic("+", max_digits=3, name="addition"),
+    "addition2": Arithmetic("+", max_digits=2, name="addition2"),
     "subtraction": Arithmetic("-", max_digits=3, name="subtraction"),
     "multiplication": Arithmetic("*", max_digits=2, name="multiplication"),
     "countdown": Countdown(),

@@ -622,8 +622,28 @@ def test_get_task_names_and_errors(tmp_path):
     with pytest.raises(ValueError) as error:
         get_task("countdwn")
     assert str(error.value) == (
-        "--task must be one of addition, subtraction, multiplication, countdown, reverse or the path of a .jsonl file, "
+        "--task must be one of addition, addition2, subtraction, multiplication, countdown, reverse or the path of a .jsonl file, "
         "got 'countdwn'"
     )
     with pytest.raises(ValueError, match=r"^--task file not found: .*missing\.jsonl$"):
         get_task(str(tmp_path / "missing.jsonl"))
+
+
+@pytest.mark.parametrize("name, op", [("addition", "+"), ("addition2", "+"), ("subtraction", "-"), ("multiplication", "*")])
+def test_arithmetic_demonstrations_write_the_operation_out_and_score_1(name, op):
+    # "37 + 48 = 85": a small chat model imitates it; the reward reads the number after "="
+    task = get_task(name)
+    for (prompt, solution), (same_prompt, target) in zip(task.examples(5, random.Random(3)),
+                                                          task.prompts(5, random.Random(3), split="train")):
+        a, b = prompt[:-1].split(op, 1) if op != "-" or not prompt.startswith("-") else (None, None)
+        assert prompt == same_prompt and solution == f"{a} {op} {b} = {target}"
+        assert task.reward(solution, target) == 1.0
+
+
+def test_addition2_has_operands_of_one_or_two_digits_and_a_real_test_split():
+    task = get_task("addition2")
+    pairs = task.prompts(500, random.Random(0), split="train") + task.prompts(500, random.Random(0), split="test")
+    operands = [int(x) for prompt, _ in pairs for x in prompt[:-1].split("+")]
+    assert max(operands) <= 99 and min(operands) >= 0 and max(operands) >= 90
+    assert len({p for p, _ in task.prompts(500, random.Random(0), split="test")}) > 50  # ~10 % of ~10,000 pairs
+
