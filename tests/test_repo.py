@@ -1,9 +1,10 @@
 """Repository-level promises: CI runs exactly the README's test command."""
 
+import ast
 import os
 import re
-from conftest import ROOT
 
+from conftest import CLASSIC, GROUP, ROOT
 
 
 def test_ci_runs_the_readme_test_command():
@@ -19,8 +20,6 @@ ALGORITHM_PAPERS = {"vpg.py": "Williams 1992", "a2c.py": "1602.01783", "trpo.py"
 
 
 def test_every_algorithm_file_names_its_paper_in_its_docstring():
-    import ast
-
     for name, paper in ALGORITHM_PAPERS.items():
         docstring = ast.get_docstring(ast.parse(open(os.path.join(ROOT, name)).read()))
         assert paper in docstring.split("\n\n")[0] + docstring.split("\n\n")[1], f"{name} should name {paper} at the top"
@@ -33,3 +32,32 @@ def test_nothing_cites_documents_the_repo_does_not_ship():
              if f.endswith((".py", ".md")) and not any(part in dirpath for part in (".git", "runs", "__pycache__", ".venv"))]
     hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f, encoding="utf-8"), 1) if pattern.search(line)]
     assert not hits, f"cite the paper or common/EQUATIONS.md instead: {hits}"
+
+
+def imported_modules(path: str) -> set[str]:
+    """The modules a file imports (at any depth: lazy imports inside functions count)."""
+    names = set()
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_imports_run_one_way_algorithm_files_to_runtime_modules_and_tools_to_algorithm_files():
+    algorithms = set(GROUP + CLASSIC)
+    runtime = {"common.tasks", "common.llm"}
+    for name in algorithms:  # an algorithm file imports the runtime modules of common/ and nothing else of the repo
+        repo_imports = {m for m in imported_modules(os.path.join(ROOT, f"{name}.py")) if m.split(".")[0] in algorithms | {"common"}}
+        outside = {m for m in repo_imports if not any(m == r or m.startswith(r + ".") for r in runtime)}
+        assert not outside, f"{name}.py imports {outside}: an algorithm file imports only common.tasks and common.llm"
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "common")):
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            path = os.path.join(dirpath, f)
+            up = {m for m in imported_modules(path) if m.split(".")[0] in algorithms}
+            tool = os.path.relpath(path, ROOT).startswith(("common/tools", "common/lab"))
+            assert tool or not up, f"{os.path.relpath(path, ROOT)} imports the algorithm file(s) {up}: only tools may"
+
