@@ -50,7 +50,7 @@ from torch import Tensor
 from common.llm import (
     LOGITS_PER_CHUNK, IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids,
     format_prompts, frozen_weights_to_bfloat16, global_mean, gradient_sync, init_distributed, load_policy, parse_args,
-    refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_mask,
+    refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_criteria, stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -290,6 +290,7 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         repetition_penalty=1.0,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=eos_ids,
+        stopping_criteria=stop_criteria(tokenizer, stop, prompt_ids.shape[1]),
     )
     prompt_len = prompt_ids.shape[1]
     responses = sequences[:, prompt_len:]  # [N, T]
@@ -496,6 +497,7 @@ if __name__ == "__main__":
         with log.phase("update"):
             stats = update_policy(train_model, optimizer, rollout, args, autocast)
 
+        # Log: the same tags in every group file, means over all processes; evaluate when due (common/llm.py).
         scalars = rollout_stats(rewards, rewards, mask, truncated, entropies, args.group_size)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
 

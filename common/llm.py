@@ -42,8 +42,9 @@ class ModelArgs:
     model: str = "common/models/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder or a .gguf file. The default is the embedded tiny model."""
     task: str = "addition"
-    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), subtraction, multiplication,
-    countdown, reverse (for common/models/long_model), or the path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), addition2 (1-2 digits: for
+    SmolLM2-135M-Instruct), subtraction, multiplication, countdown, reverse (for common/models/long_model), or the
+    path of a .jsonl file of {"question": ..., "answer": ...} lines"""
     eval_task: Optional[str] = None
     """a .jsonl file of held-out questions (e.g. a dataset's official test file) instead of the hash-split 10 % of
     --task's .jsonl file; --eval-size at least its length evaluates every question once"""
@@ -350,6 +351,23 @@ def answer_stop(tokenizer, task, few_shot: Optional[int]) -> Optional[str]:
         return None
     multi_line = any("\n" in a for _, a in task.examples(k, random.Random(EVAL_SEED)))
     return "\n\n" if multi_line else "\n"
+
+
+def stop_criteria(tokenizer, stop: Optional[str], prompt_len: int):
+    """For generate(): a row stops once its response holds `stop` (a few-shot base model's answer has ended), instead
+    of writing --max-new-tokens tokens of a question of its own that stop_mask then throws away. Only the last 8
+    tokens are decoded at each step (a stop string is a newline or two); the tokens before the stop are sampled as
+    without it, so the behaviour policy is unchanged. None when there is no stop string."""
+    if stop is None:
+        return None
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class StopString(StoppingCriteria):
+        def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
+            tails = tokenizer.batch_decode(input_ids[:, max(prompt_len, input_ids.shape[1] - 8):])
+            return torch.tensor([stop in tail for tail in tails], device=input_ids.device)
+
+    return StoppingCriteriaList([StopString()])
 
 
 def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:

@@ -69,6 +69,26 @@ def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_end
         tokenizer, task, [question], task.default_few_shot, None)
 
 
+def test_generation_stops_a_row_once_its_answer_has_ended(folders):
+    """A few-shot base model's row stops when its response holds the stop string; a chat model (no stop) has none."""
+    tokenizer = tokenizer_of(folders["gpt2"])
+    prompt = tokenizer(["Question: 1+1=\nAnswer:"] * 3, return_tensors="pt")["input_ids"]
+    responses = [" 2\nQuestion: 7", " 2 and some more", " 3\n"]
+    rows = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in responses]
+    width = max(map(len, rows))
+    rows = [r + [tokenizer.eos_token_id] * (width - len(r)) for r in rows]
+    (criterion,) = llm.stop_criteria(tokenizer, "\n", prompt.shape[1])
+    # generate() asks after every new token: the first step at which each row says "stop"
+    first_stop = [None] * 3
+    for t in range(1, width + 1):
+        flags = criterion(torch.cat([prompt, torch.tensor(rows)[:, :t]], dim=1), None).tolist()
+        first_stop = [step if step is not None else (t if flag else None) for step, flag in zip(first_stop, flags)]
+    expected = [next((t for t in range(1, len(r) + 1) if "\n" in tokenizer.decode(r[:t])), None) for r in rows]
+    assert first_stop == expected and expected[0] is not None and expected[1] is None and expected[2] is not None
+    assert not criterion(prompt, None).any()  # the prompt's own newlines do not count
+    assert llm.stop_criteria(tokenizer, None, prompt.shape[1]) is None
+
+
 def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
     tokenizer = tokenizer_of(folders["gpt2"])
     texts = [" 85\nQuestion: 1+2=", " 7\n\n12+30=42", "no newline here 12", "\n"]
