@@ -30,7 +30,6 @@ is the test of whether the log-probs of sampling-time scoring and of the update 
 import argparse
 import glob
 import os
-import resource
 import statistics
 import subprocess
 import sys
