@@ -18,7 +18,15 @@ def test_defaults_are_grpo_defaults_and_all_three_variants():
     args = C.parse_args([])
     assert args.variants == ["grpo", "trl", "trl-hook"]
     assert args.seeds == [1, 2, 3] and args.num_iterations == 150 and args.threshold == 0.9
-    assert (args.core, args.no_pin, args.out, args.settings, args.worker) == (0, False, None, False, None)
+    assert (args.cores, args.no_pin, args.out, args.settings, args.worker, args.flags) == ([0], False, None, False, None, [])
+
+
+def test_flags_after_the_separator_are_grpo_flags_for_both_sides():
+    args = C.parse_args(["--seeds", "1", "--", "--model", "gpt2", "--task", "addition2"])
+    assert args.seeds == [1] and args.flags == ["--model", "gpt2", "--task", "addition2"]
+    g = C.grpo_args(args.flags, num_iterations=16)  # as grpo.py reads them: its per-model defaults resolved
+    assert (g.model, g.task, g.num_iterations, g.learning_rate, g.max_new_tokens) == ("gpt2", "addition2", 16, 1e-6, 256)
+    assert C.grpo_args([], seed=2).learning_rate == 3e-4  # the embedded model keeps its own
 
 
 @pytest.mark.parametrize(
@@ -27,7 +35,9 @@ def test_defaults_are_grpo_defaults_and_all_three_variants():
         (["--num-iterations", "0"], "error: --num-iterations must be >= 1, got 0"),
         (["--threshold", "1.5"], "error: --threshold must be a held-out accuracy in (0, 1], got 1.5"),
         (["--threshold", "0"], "error: --threshold must be a held-out accuracy in (0, 1], got 0"),
-        (["--core", "-1"], "error: --core must be >= 0, got -1"),
+        (["--cores", "-1"], "error: --cores must be distinct cores >= 0, got -1"),
+        (["--cores", "0", "0"], "error: --cores must be distinct cores >= 0, got 0 0"),
+        (["--", "--lora-rank", "8"], "error: --lora-rank: the TRL side here trains all weights"),
         (["--seeds", "1", "1"], "error: --seeds must not repeat a seed, got 1 1"),
         (["--variants", "trl", "trl"], "error: --variants must not repeat, got trl trl"),
     ],
@@ -83,29 +93,61 @@ def test_variants_of_a_seed_run_back_to_back_and_a_failure_does_not_stop_the_res
     monkeypatch.setattr(C, "require_optional", lambda: None)
     monkeypatch.setattr(C, "trl_version", lambda: C.TRL_TESTED)
     monkeypatch.setattr(C, "settings_markdown", lambda g: "settings table\n")
-    monkeypatch.setattr(C, "run_one", lambda variant, seed, n, pin, keep: calls.append((variant, seed, n, pin)) or None)
+    monkeypatch.setattr(C, "run_one", lambda variant, seed, n, flags, pin, keep: calls.append((variant, seed, n, pin)) or None)
     out = tmp_path / "trl.md"
-    C.main(["--seeds", "1", "2", "--num-iterations", "5", "--core", "1", "--out", str(out)])
+    C.main(["--seeds", "1", "2", "--num-iterations", "5", "--cores", "1", "--out", str(out)])
     assert calls == [("grpo", 1, 5, 1), ("trl", 1, 5, 1), ("trl-hook", 1, 5, 1),
                      ("grpo", 2, 5, 1), ("trl", 2, 5, 1), ("trl-hook", 2, 5, 1)]
     text = out.read_text()
     assert "| grpo | 0/2 (2 failed) |" in text and "| trl-hook | 2 | failed |" in text
-    assert "`python -m common.tools.compare_trl --seeds 1 2 --num-iterations 5 --core 1 --out " in text
+    assert "`python -m common.tools.compare_trl --seeds 1 2 --num-iterations 5 --cores 1 --out " in text
     assert "Differences that could not be aligned" in text and "settings table" in text
 
 
+def test_with_two_cores_the_variants_of_a_seed_run_at_once_one_per_core(monkeypatch, tmp_path):
+    import threading
+
+    both_started = threading.Barrier(2, timeout=10)  # a run waits until its partner has started too
+    calls = []
+
+    def run_one(variant, seed, n, flags, pin, keep):
+        calls.append((variant, seed, pin, flags))
+        both_started.wait()
+        return None
+
+    monkeypatch.setattr(C, "require_optional", lambda: None)
+    monkeypatch.setattr(C, "trl_version", lambda: C.TRL_TESTED)
+    monkeypatch.setattr(C, "settings_markdown", lambda g: "")
+    monkeypatch.setattr(C, "run_one", run_one)
+    C.main(["--variants", "grpo", "trl", "--seeds", "1", "2", "--cores", "0", "1", "--", "--task", "addition2"])
+    assert sorted(calls) == [("grpo", 1, 0, ["--task", "addition2"]), ("grpo", 2, 0, ["--task", "addition2"]),
+                             ("trl", 1, 1, ["--task", "addition2"]), ("trl", 2, 1, ["--task", "addition2"])]
+    assert {c[1] for c in calls[:2]} == {1}  # seed 1's pair ran before seed 2's
+
+
 def test_a_crashing_run_is_reported_not_raised(monkeypatch, capsys):
-    monkeypatch.setattr(C, "command", lambda variant, seed, n: [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
-    assert C.run_one("trl", 1, 5, pin=None, keep=False) is None
+    monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
+    assert C.run_one("trl", 1, 5, [], pin=None, keep=False) is None
     err = capsys.readouterr().err
     assert "trl seed 1 FAILED (exit code 3" in err and "boom" in err
 
 
+def test_a_run_reports_its_own_peak_memory(monkeypatch, tmp_path):
+    # a child that holds ~200 MB and writes one event file where run_one looks for it
+    code = ("import os, time; from torch.utils.tensorboard import SummaryWriter; block = bytearray(200 * 2**20); "
+            "w = SummaryWriter(os.path.join('runs', 'r')); w.add_scalar('charts/accuracy', 0.5, 0); w.close()")
+    monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [sys.executable, "-c", code])
+    scalars, launch, seconds, peak_gb = C.run_one("grpo", 1, 5, [], pin=None, keep=False)
+    assert scalars["charts/accuracy"][0][1:] == (0, 0.5) and seconds > 0
+    assert 0.2 < peak_gb < 2  # its own, in GB (ru_maxrss is kB): the 200 MB block, the interpreter and torch
+
+
 def test_commands():
-    grpo_cmd = C.command("grpo", 2, 7)
-    assert grpo_cmd[1] == os.path.join(ROOT, "grpo.py") and grpo_cmd[2:] == ["--seed", "2", "--num-iterations", "7", "--no-cuda"]
-    assert C.command("trl-hook", 3, 7)[1:] == ["-m", "common.tools.compare_trl", "--worker", "trl-hook", "--seed", "3",
-                                               "--num-iterations", "7"]
+    grpo_cmd = C.command("grpo", 2, 7, ["--model", "m"])
+    assert grpo_cmd[1] == os.path.join(ROOT, "grpo.py")
+    assert grpo_cmd[2:] == ["--model", "m", "--seed", "2", "--num-iterations", "7", "--no-cuda"]
+    assert C.command("trl-hook", 3, 7, ["--model", "m"])[1:] == [
+        "-m", "common.tools.compare_trl", "--worker", "trl-hook", "--seed", "3", "--num-iterations", "7", "--", "--model", "m"]
 
 
 # ---------------------------------------------------------------- reading the numbers back
@@ -123,19 +165,19 @@ def _scalars(start=10.0):
 
 
 def test_summarise_counts_training_from_the_first_evaluation_and_leaves_evaluations_out_of_s_per_iter():
-    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, threshold=0.9, eval_every=10)
+    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9, eval_every=10)
     assert row["startup"] == pytest.approx(4.0)  # launch → iteration-0 evaluation logged
     assert (row["x_to"], row["acc0"], row["gap"]) == (10, 0.5, 3.3)
     assert row["s_to"] == pytest.approx(10 * 0.5 + 2.0)  # from the start of training, the evaluation included
     assert row["s_iter"] == pytest.approx(0.5)  # the interval after iteration 10 holds an evaluation: left out
     assert row["final"] == pytest.approx((0.5 + 0.92 + 0.88) / 3) and row["final_greedy"] == pytest.approx(0.97)
-    never = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, threshold=0.95, eval_every=10)
+    never = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.95, eval_every=10)
     assert math.isnan(never["x_to"]) and math.isnan(never["s_to"])
-    assert math.isnan(C.summarise({}, 0.0, 1.0, 0.9, 10)["s_iter"])  # nothing logged: NaN, not an error
+    assert math.isnan(C.summarise({}, 0.0, 1.0, 1.0, 0.9, 10)["s_iter"])  # nothing logged: NaN, not an error
 
 
 def test_markdown_medians_count_unreached_seeds_as_never():
-    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, threshold=0.9, eval_every=10)
+    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9, eval_every=10)
     unreached = dict(row, x_to=float("nan"), s_to=float("nan"))
     text = C.markdown({"grpo": [(1, row), (2, row), (3, unreached)], "trl": [(1, unreached), (2, unreached), (3, None)]}, 0.9)
     assert "| grpo | 2/3 | 10 | 7.0 | 0.500 |" in text

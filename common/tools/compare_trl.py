@@ -4,6 +4,12 @@
     python -m common.tools.compare_trl --settings                        # only the two resolved configurations
     python -m common.tools.compare_trl --seeds 1 --num-iterations 20     # a quick look
     python -m common.tools.compare_trl --out common/results/trl.md       # also write the tables to a file
+    python -m common.tools.compare_trl --variants grpo trl --seeds 1 --cores 0 1 --num-iterations 16 --threshold 0.5 \
+        -- --model runs/SmolLM2-135M-Instruct --task addition2 --few-shot 3 --learning-rate 2e-5 ...   # a real model
+
+Flags after `--` are grpo.py's, given to both sides (the TRL side reads them as grpo.py's Args, so the
+resolved defaults, the prompts and the evaluation are the same). With several --cores the variants of a
+seed run at the same time, one per core, and each run's peak RSS is read from the kernel when it ends.
 
 Three variants, each run as its own subprocess pinned to one core (OMP_NUM_THREADS=1), the way
 common/tools/benchmark.py runs the scripts, and interleaved by seed (grpo seed 1, trl seed 1, trl-hook
@@ -19,10 +25,14 @@ call the model without position_ids, so GPT-2 numbers every row from the first p
 the left-padded rows (most of a batch) under another distribution than the one that sampled them. The
 worker measures that gap before training and logs it (`scoring_gap`).
 
-Both sides are measured the same way: a held-out evaluation (grpo.py's own `evaluate`: 200 test prompts,
-sampled at temperature 1 and greedy) at the start, every 10 iterations and at the end, written to
+Both sides are measured the same way: a held-out evaluation (grpo.py's own `evaluate`: --eval-size test
+prompts, sampled at temperature 1 and greedy) at the start, every --eval-every iterations and at the end, written to
 TensorBoard with the tags grpo.py uses, then read back from the event files. An iteration is one
-sampled batch of 32 prompts × 8 responses and the 4 optimiser steps on it: TRL's 4 `global_step`s.
+sampled batch of B prompts × G responses and the --num-minibatches optimiser steps on it: as many TRL
+`global_step`s. A chat model's prompts reach TRL as the text grpo.py's chat template writes (few-shot turns
+included); a base model with --few-shot is refused (TRL has no stop string: it would score the question the
+model goes on to write). SmolLM2 is a Llama, whose rotary positions make a shift of all positions harmless:
+the position-id hook is for the GPT-2 only.
 
 What could not be aligned is listed in DIFFERENCES and printed with the tables.
 
@@ -31,6 +41,7 @@ trl, datasets and accelerate are optional dependencies of this tool only (not in
 """
 
 import argparse
+import concurrent.futures
 import glob
 import importlib.util
 import math
@@ -253,10 +264,10 @@ def scoring_gap(trainer, tokenizer, prompts: list[str], g) -> tuple[float, float
             top_k=0,
             top_p=1.0,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=trainer.eos_token_ids,
         )
         responses = sequences[:, prompt_ids.shape[1]:]  # [N, T]
-        is_eos = responses == tokenizer.eos_token_id
+        is_eos = torch.isin(responses, torch.tensor(trainer.eos_token_ids))
         first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), responses.shape[1] - 1)
         mask = torch.arange(responses.shape[1]).unsqueeze(0) <= first_eos.unsqueeze(1)  # [N, T], EOS included
         attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # [N, P+T]
@@ -276,8 +287,17 @@ def scoring_gap(trainer, tokenizer, prompts: list[str], g) -> tuple[float, float
 
 # ---------------------------------------------------------------- the worker: one TRL run (a subprocess)
 
-def trl_worker(seed: int, num_iterations: int, hook: bool) -> None:
-    """Train with GRPOTrainer on grpo.py's defaults; log to runs/<run_name> with grpo.py's TensorBoard tags."""
+def grpo_args(flags: list[str], **fields):
+    """grpo.py's Args as grpo.py itself would read `flags` (its defaults resolved per model), then `fields` set."""
+    import tyro
+
+    import grpo
+
+    return tyro.cli(grpo.Args, args=flags + [f"--{k.replace('_', '-')}={v}" for k, v in fields.items()])
+
+
+def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> None:
+    """Train with GRPOTrainer on grpo.py's settings; log to runs/<run_name> with grpo.py's TensorBoard tags."""
     require_optional()
     import numpy as np
     import torch
@@ -293,19 +313,26 @@ def trl_worker(seed: int, num_iterations: int, hook: bool) -> None:
 
     hf_logging.set_verbosity_error()
     warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated")  # transformers' rename, not ours
-    g = grpo.Args(seed=seed, num_iterations=num_iterations)
-    llm.resolve_defaults(g)  # the embedded model's learning rate and response cap
+    g = grpo_args(flags, seed=seed, num_iterations=num_iterations)
     name = "trl-hook" if hook else "trl"
     run_name = f"{g.task}__{name}__{seed}__{int(time.time())}"
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
     device = torch.device("cpu")
-    tokenizer, model = llm.load_policy(g.model, llm.resolve_model_path(g.model), device)
-    task = get_task(g.task)
-    # grpo.py draws B prompts per iteration from random.Random(seed): the same stream, all at once.
+    model_path = llm.resolve_model_path(g.model)
+    tokenizer, model = llm.load_policy(model_path, model_path, device)  # named by its path: TRL reloads it for β > 0
+    task = get_task(g.task, g.eval_task)
+    # grpo.py draws B prompts per iteration from random.Random(seed): the same stream, all at once, and the
+    # same text: a chat model's template with its few-shot turns (TRL tokenizes a text prompt as it is).
     pairs = task.prompts(g.prompts_per_iteration * g.num_iterations, random.Random(seed))
-    dataset = Dataset.from_dict({"prompt": [p for p, _ in pairs], "target": [t for _, t in pairs]})
+    texts = llm.format_prompts(tokenizer, task, [p for p, _ in pairs], g.few_shot, g.system_prompt)
+    if tokenizer(texts[0])["input_ids"] != tokenizer(texts[0], add_special_tokens=False)["input_ids"]:
+        raise SystemExit("error: this tokenizer adds special tokens to a text prompt (TRL would read another prompt)")
+    if llm.answer_stop(tokenizer, task, g.few_shot) is not None:
+        raise SystemExit("error: a base model with --few-shot ends its answer at a stop string, which TRL does not have: "
+                         "use a chat model, or --few-shot 0")
+    dataset = Dataset.from_dict({"prompt": texts, "target": [t for _, t in pairs]})
     eval_prompts = task.prompts(g.eval_size, random.Random(EVAL_SEED), split="test")
     writer = SummaryWriter(os.path.join("runs", run_name))
     rewards = []  # of the latest generation
@@ -358,7 +385,7 @@ def trl_worker(seed: int, num_iterations: int, hook: bool) -> None:
             for scorer in (trainer.model, trainer.ref_model):
                 if scorer is not None:
                     add_position_ids(scorer)
-        gap, padded = scoring_gap(trainer, tokenizer, [p for p, _ in pairs[: g.prompts_per_iteration]], g)
+        gap, padded = scoring_gap(trainer, tokenizer, texts[: g.prompts_per_iteration], g)
         writer.add_scalar("diagnostics/scoring_gap_nats", gap, 0)
         writer.add_scalar("diagnostics/padded_rows", padded, 0)
         print(f"{run_name}: left-padded rows {padded:.0%}, scored {gap:.3f} nats/token away from the sampler", flush=True)
@@ -368,40 +395,45 @@ def trl_worker(seed: int, num_iterations: int, hook: bool) -> None:
 
 # ---------------------------------------------------------------- the comparison: run, read back, tabulate
 
-def command(variant: str, seed: int, num_iterations: int) -> list[str]:
+def command(variant: str, seed: int, num_iterations: int, flags: list[str]) -> list[str]:
     if variant == "grpo":
-        return [sys.executable, os.path.join(ROOT, "grpo.py"), "--seed", str(seed), "--num-iterations", str(num_iterations),
-                "--no-cuda"]
+        return [sys.executable, os.path.join(ROOT, "grpo.py"), *flags, "--seed", str(seed),
+                "--num-iterations", str(num_iterations), "--no-cuda"]
     return [sys.executable, "-m", "common.tools.compare_trl", "--worker", variant, "--seed", str(seed),
-            "--num-iterations", str(num_iterations)]
+            "--num-iterations", str(num_iterations), "--", *flags]
 
 
-def run_one(variant: str, seed: int, num_iterations: int, pin, keep: bool):
-    """One run in a fresh working directory; (scalars, launch time, run seconds), or None if it failed."""
-    cmd = command(variant, seed, num_iterations)
+def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin, keep: bool):
+    """One run in a fresh working directory; (scalars, launch time, run seconds, peak RSS in GB), or None if it failed."""
+    cmd = command(variant, seed, num_iterations, flags)
     if pin is not None:
         cmd = ["taskset", "-c", str(pin)] + cmd
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     workdir = tempfile.mkdtemp(prefix=f"compare_{variant}_{seed}_")
     print(f"[compare_trl] {shlex.join(cmd)}   (in {workdir})", file=sys.stderr, flush=True)
-    with open(os.path.join(workdir, "stdout.txt"), "w") as out:
+    with open(os.path.join(workdir, "stdout.txt"), "w") as out, open(os.path.join(workdir, "stderr.txt"), "w") as err:
         launch = time.time()
-        proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err)
+        # wait4 gives this child's own resource usage: its peak resident memory, whatever else runs beside it
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
         run_seconds = time.time() - launch
+    peak_gb = usage.ru_maxrss / 2**20  # kB on Linux
     run_dirs = [os.path.dirname(p) for p in glob.glob(os.path.join(workdir, "runs", "*", "events.out.tfevents.*"))]
     if proc.returncode != 0 or len(run_dirs) != 1:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+        with open(os.path.join(workdir, "stderr.txt")) as err:
+            tail = "\n".join(err.read().strip().splitlines()[-5:])
         print(f"[compare_trl] {variant} seed {seed} FAILED (exit code {proc.returncode}, output kept in {workdir}):\n{tail}",
               file=sys.stderr, flush=True)
         return None
     scalars = read_scalars(run_dirs[0])
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
-    return scalars, launch, run_seconds
+    return scalars, launch, run_seconds, peak_gb
 
 
-def summarise(scalars: dict, launch: float, run_seconds: float, threshold: float, eval_every: int) -> dict:
+def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float, eval_every: int) -> dict:
     """One row of a run's numbers (NaN where missing). Training starts when the iteration-0 evaluation is logged.
 
     s/iter is the mean wall time between consecutive iterations' logs, leaving out the intervals that hold a
@@ -414,7 +446,7 @@ def summarise(scalars: dict, launch: float, run_seconds: float, threshold: float
     row = {"startup": start - launch, "acc0": accuracy[0][2] if accuracy else nan, "x_to": nan, "s_to": nan,
            "final": statistics.mean(v for _, _, v in accuracy[-3:]) if accuracy else nan,
            "final_greedy": statistics.mean(v for _, _, v in greedy[-3:]) if greedy else nan,
-           "run_s": run_seconds}
+           "run_s": run_seconds, "rss": peak_gb}
     for wall, step, value in accuracy:
         if value >= threshold:
             row["x_to"], row["s_to"] = step, wall - start
@@ -436,6 +468,7 @@ COLUMNS = [  # (header, key, format)
     ("s/iter", "s_iter", "{:.3f}"),
     ("start-up s", "startup", "{:.1f}"),
     ("run seconds", "run_s", "{:.1f}"),
+    ("peak RSS GB", "rss", "{:.2f}"),
     ("log-prob gap at start, nats/token", "gap", "{:.2f}"),
 ]
 
@@ -481,14 +514,20 @@ def markdown(results: dict, threshold: float) -> str:
 
 
 def parse_args(argv):
+    """The tool's own flags, and grpo.py's flags (after `--`)."""
+    flags = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(prog="python -m common.tools.compare_trl", description=__doc__.split("\n\n")[0],
+                                epilog="Arguments after -- are grpo.py's flags, given to both sides (e.g. --model).",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                    help="what to run: grpo.py, TRL as configured, TRL with the position-id hook")
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds; the variants of a seed run back to back")
     p.add_argument("--num-iterations", type=int, default=150, help="iterations of every run (grpo.py's default: 150)")
     p.add_argument("--threshold", type=float, default=0.9, help="held-out accuracy that counts as reached")
-    p.add_argument("--core", type=int, default=0, help="CPU core to pin each run to with taskset")
+    p.add_argument("--cores", type=int, nargs="+", default=[0],
+                   help="CPU cores to pin runs to with taskset, one run per core: with two or more, the variants of a "
+                        "seed run at the same time")
     p.add_argument("--no-pin", action="store_true", help="do not pin runs with taskset")
     p.add_argument("--out", default=None, help="also write the tables (with the settings and the differences) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's temporary working directory")
@@ -499,13 +538,16 @@ def parse_args(argv):
     checks = [
         (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
         (0 < args.threshold <= 1, f"--threshold must be a held-out accuracy in (0, 1], got {args.threshold:g}"),
-        (args.core >= 0, f"--core must be >= 0, got {args.core}"),
+        (min(args.cores) >= 0 and len(set(args.cores)) == len(args.cores),
+         f"--cores must be distinct cores >= 0, got {' '.join(map(str, args.cores))}"),
+        (not any(f.startswith("--lora-rank") for f in flags), "--lora-rank: the TRL side here trains all weights"),
         (len(set(args.seeds)) == len(args.seeds), f"--seeds must not repeat a seed, got {' '.join(map(str, args.seeds))}"),
         (len(set(args.variants)) == len(args.variants), f"--variants must not repeat, got {' '.join(args.variants)}"),
     ]
     for ok, message in checks:
         if not ok:
             raise SystemExit(f"error: {message}")
+    args.flags = flags
     return args
 
 
@@ -513,30 +555,34 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
-        trl_worker(args.seed, args.num_iterations, hook=args.worker == "trl-hook")
+        trl_worker(args.seed, args.num_iterations, hook=args.worker == "trl-hook", flags=args.flags)
         return
     require_optional()  # before any run: the TRL side would fail later, and the settings need trl now
-    import grpo
 
     if trl_version() != TRL_TESTED:
         print(f"warning: TRL {trl_version()} is not the {TRL_TESTED} this tool was written against: its defaults, and the "
               "log-prob function the gap measurement calls, may have moved", file=sys.stderr)
-    g = grpo.Args(num_iterations=args.num_iterations)
+    g = grpo_args(args.flags, num_iterations=args.num_iterations)  # grpo.py refuses bad flags here, in one line
     setting_text = settings_markdown(g)
     print(setting_text, flush=True)
     if args.settings:
         return
-    pin = None if args.no_pin else args.core
-    if pin is not None and shutil.which("taskset") is None:
+    cores = [None] if args.no_pin else args.cores
+    if cores[0] is not None and shutil.which("taskset") is None:
         print("warning: taskset not found, runs are not pinned to a core", file=sys.stderr)
-        pin = None
-    if pin is not None:
-        print(f"[compare_trl] runs pinned to core {pin} (--core N to choose another, --no-pin for none)", file=sys.stderr)
+        cores = [None] * len(args.cores)
+    if cores[0] is not None:
+        print(f"[compare_trl] runs pinned to cores {' '.join(map(str, cores))} (--cores to choose, --no-pin for none)",
+              file=sys.stderr)
 
     results = {variant: [] for variant in args.variants}
-    for seed in args.seeds:  # interleaved: load on the machine hits every variant alike
-        for variant in args.variants:
-            run = run_one(variant, seed, args.num_iterations, pin, args.keep)
+    jobs = [(seed, variant) for seed in args.seeds for variant in args.variants]  # interleaved: load hits all alike
+    for start in range(0, len(jobs), len(cores)):  # as many runs at a time as cores, each on its own
+        batch = jobs[start : start + len(cores)]
+        with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
+            runs = list(pool.map(lambda job_core: run_one(job_core[0][1], job_core[0][0], args.num_iterations, args.flags,
+                                                          job_core[1], args.keep), zip(batch, cores)))
+        for (seed, variant), run in zip(batch, runs):
             row = None if run is None else summarise(*run, args.threshold, g.eval_every)
             results[variant].append((seed, row))
             if row is not None:
@@ -546,7 +592,8 @@ def main(argv=None):
 
     cmd = shlex.join(["python", "-m", "common.tools.compare_trl"] + argv)
     text = (f"`{cmd}`\n\nTRL {trl_version()}, one core per run (taskset, OMP_NUM_THREADS=1), seeds "
-            f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on 200 test prompts, sampled at temperature 1; "
+            f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on {g.eval_size} test prompts, sampled at "
+            f"temperature 1; "
             f"'training seconds' count from the end of the iteration-0 evaluation; 'start-up' from process launch to it.\n\n"
             + markdown(results, args.threshold)
             + "\nDifferences that could not be aligned:\n\n" + "".join(f"- {d}\n" for d in DIFFERENCES))
