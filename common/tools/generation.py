@@ -170,8 +170,8 @@ def main(argv=None) -> None:
                 tokens[variant].append(sum(map(len, rows)))
             print(f"  round {round_}{' (warm-up)' if not round_ else ''} {variant:15} {elapsed:7.2f} s", flush=True)
 
-    print(f"\n| variant | median s per rollout | tokens/s | time ÷ dynamic (median of rounds) | same sampled responses "
-          f"| greedy max abs(Δ log π) |\n|---|---|---|---|---|---|")
+    print("\n| variant | median s per rollout | tokens/s | time ÷ dynamic (median of rounds) | same sampled responses "
+          "| greedy max abs(Δ log π) |\n|---|---|---|---|---|---|")
     for variant in args.variants:
         ratio = statistics.median(s / d for s, d in zip(seconds[variant], seconds["dynamic"]))
         rate = statistics.median(n / s for n, s in zip(tokens[variant], seconds[variant]))
