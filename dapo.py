@@ -58,8 +58,8 @@ from torch import Tensor
 
 from common.llm import (
     LOGITS_PER_CHUNK, IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids,
-    format_prompts, frozen_weights_to_bfloat16, global_mean, gradient_sync, init_distributed, load_policy, parse_args,
-    refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_criteria, stop_mask,
+    few_shot_line, format_prompts, frozen_weights_to_bfloat16, global_mean, gradient_sync, init_distributed,
+    load_policy, parse_args, refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_criteria, stop_mask,
 )
 from common.llm import pad_cat  # dynamic sampling's rounds differ in width
 from common.tasks import EVAL_SEED, get_task
@@ -545,7 +545,7 @@ if __name__ == "__main__":
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
               f"{batch_size * world_size} responses per iteration")
-        for line in args.defaults_used:
+        for line in args.defaults_used + few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
     log.begin()

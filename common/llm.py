@@ -126,7 +126,8 @@ def resolve_defaults(args) -> list[str]:
         setattr(args, name, value)
         lines.append(f"--{name.replace('_', '-')} {value}  ({'the embedded models' if embedded else source})")
     if args.few_shot is None and embedded:
-        args.few_shot = 0  # trained on bare questions; a real model's default depends on its kind (num_examples)
+        args.few_shot = 0  # trained on bare questions; a real model's default depends on its kind (few_shot_line)
+        lines.append("--few-shot 0  (the embedded models)")
     return lines
 
 
@@ -315,6 +316,16 @@ def num_examples(tokenizer, task, few_shot: Optional[int]) -> int:
     if few_shot is not None:
         return few_shot
     return 0 if tokenizer.chat_template is not None else task.default_few_shot
+
+
+def few_shot_line(tokenizer, task, few_shot: Optional[int]) -> list[str]:
+    """The console's line for --few-shot when the user left it unset: a real model's count depends on its kind,
+    known once its tokenizer is loaded (the other scale defaults are resolved with the flags)."""
+    if few_shot is not None:
+        return []
+    kind = "a chat model: its user turn states the format" if tokenizer.chat_template is not None else (
+        "a base model: the task's solved examples show the format")
+    return [f"--few-shot {num_examples(tokenizer, task, None)}  ({kind})"]
 
 
 def format_prompts(tokenizer, task, prompts: list[str], few_shot: Optional[int], system_prompt: Optional[str]) -> list[str]:

@@ -35,6 +35,21 @@ def test_the_command_line_resolves_the_same_way():
     grpo.check_args(args)  # resolved values pass the checks
 
 
+def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():
+    from common.tasks import get_task
+
+    class Tokenizer:
+        chat_template = None
+
+    task = get_task("addition2")
+    assert llm.few_shot_line(Tokenizer(), task, None) == [
+        f"--few-shot {task.default_few_shot}  (a base model: the task's solved examples show the format)"]
+    Tokenizer.chat_template = "{{ messages }}"
+    assert llm.few_shot_line(Tokenizer(), task, None) == ["--few-shot 0  (a chat model: its user turn states the format)"]
+    assert llm.few_shot_line(Tokenizer(), task, 3) == []  # typed: nothing to state
+    assert "--few-shot 0  (the embedded models)" in grpo.Args().defaults_used
+
+
 def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():
     args = grpo.Args(model="gpt2", task="no-such-task")  # building Args must not raise
     with pytest.raises(SystemExit, match="error: .*no-such-task"):
