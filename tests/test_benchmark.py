@@ -46,9 +46,9 @@ def test_group_family_reads_accuracy_and_perf_tags():
     assert (row["x_to"], row["s_to"]) == (10, 15.0)  # the first evaluation >= 0.9
     assert row["final"] == pytest.approx((0.92 + 0.88 + 0.95) / 3)  # mean of the last 3 evaluations
     assert (row["length"], row["clipfrac"], row["t_gen"]) == pytest.approx((5.0, 0.2, 2.0))
-    row["run_s"] = 50.0
+    row["run_s"], row["rss"] = 50.0, 1.25
     text = B.markdown(B.GROUP, "group methods", 0.9, {"grpo": [(1, row), (2, dict(row, x_to=float("nan")))]})
-    assert "| grpo | 1 | 10 | 15.0 | 0.917 | 5.0 | 0.200 | 100 | 10.0 | 2.00 / 0.50 / 0.25 | 50.0 |" in text
+    assert "| grpo | 1 | 10 | 15.0 | 0.917 | 5.0 | 0.200 | 100 | 10.0 | 2.00 / 0.50 / 0.25 | 50.0 | 1.25 |" in text
     assert "| grpo | 1/2 |" in text  # one seed of two reached the threshold
 
 

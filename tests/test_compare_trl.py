@@ -125,7 +125,8 @@ def test_with_two_cores_the_variants_of_a_seed_run_at_once_one_per_core(monkeypa
     assert {c[1] for c in calls[:2]} == {1}  # seed 1's pair ran before seed 2's
 
 
-def test_a_crashing_run_is_reported_not_raised(monkeypatch, capsys):
+def test_a_crashing_run_is_reported_not_raised(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(C.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # the kept output stays out of /tmp
     monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
     assert C.run_one("trl", 1, 5, [], pin=None, keep=False) is None
     err = capsys.readouterr().err
@@ -137,6 +138,7 @@ def test_a_run_reports_its_own_peak_memory(monkeypatch, tmp_path):
     code = ("import os, time; from torch.utils.tensorboard import SummaryWriter; block = bytearray(200 * 2**20); "
             "w = SummaryWriter(os.path.join('runs', 'r')); w.add_scalar('charts/accuracy', 0.5, 0); w.close()")
     monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [sys.executable, "-c", code])
+    monkeypatch.setattr(C.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
     scalars, launch, seconds, peak_gb = C.run_one("grpo", 1, 5, [], pin=None, keep=False)
     assert scalars["charts/accuracy"][0][1:] == (0, 0.5) and seconds > 0
     assert 0.2 < peak_gb < 2  # its own, in GB (ru_maxrss is kB): the 200 MB block, the interpreter and torch

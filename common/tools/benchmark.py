@@ -177,11 +177,12 @@ def columns(fam, threshold):
         return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
                 ("lowest after", "low_after", "{:.1f}"), ("final return (last 20)", "final", "{:.1f}"),
                 ("SPS", "sps", "{:,.0f}"),
-                ("run seconds", "run_s", "{:.1f}")]
+                ("run seconds", "run_s", "{:.1f}"), ("peak RSS GB", "rss", "{:.2f}")]
     return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
             ("final accuracy (last 3 evals)", "final", "{:.3f}"), ("response length", "length", "{:.1f}"),
             ("clipfrac", "clipfrac", "{:.3f}"), ("tokens/s", "tok_s", "{:,.0f}"), ("samples/s", "smp_s", "{:,.1f}"),
-            ("s/iter gen / logp / update", ("t_gen", "t_logp", "t_upd"), "{:.2f}"), ("run seconds", "run_s", "{:.1f}")]
+            ("s/iter gen / logp / update", ("t_gen", "t_logp", "t_upd"), "{:.2f}"), ("run seconds", "run_s", "{:.1f}"),
+            ("peak RSS GB", "rss", "{:.2f}")]
 
 
 def fmt(row, key, spec):
@@ -233,8 +234,25 @@ def tuned_args(algo, env_id):
     return shlex.split(TUNED[env_id][algo])
 
 
+def launch(cmd, workdir, env):
+    """Run `cmd` in `workdir` (stdout.txt and stderr.txt there); returns (exit code, launch time, seconds, peak RSS
+    in GB). os.wait4 reports this child's own peak resident memory, whatever else runs beside it."""
+    with open(os.path.join(workdir, "stdout.txt"), "w") as out, open(os.path.join(workdir, "stderr.txt"), "w") as err:
+        start = time.time()
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # Popen would otherwise wait for it again
+        seconds = time.time() - start
+    return proc.returncode, start, seconds, usage.ru_maxrss / 2**20  # kB on Linux
+
+
+def stderr_tail(workdir, lines=5):
+    with open(os.path.join(workdir, "stderr.txt")) as f:
+        return "\n".join(f.read().strip().splitlines()[-lines:])
+
+
 def run_one(algo, seed, env_id, extra, pin_core, keep):
-    """Run one script in a fresh temporary directory; returns (scalars, launch_time, run_seconds)."""
+    """Run one script in a fresh temporary directory; returns (scalars, launch_time, run_seconds, peak RSS GB)."""
     fam = family_of(algo)
     script = os.path.join(ROOT, f"{algo}.py")
     cmd = [sys.executable, script, "--seed", str(seed)]
@@ -246,21 +264,17 @@ def run_one(algo, seed, env_id, extra, pin_core, keep):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     workdir = tempfile.mkdtemp(prefix=f"bench_{algo}_{seed}_")
     print(f"[benchmark] {' '.join(cmd)}   (in {workdir})", file=sys.stderr, flush=True)
-    with open(os.path.join(workdir, "stdout.txt"), "w") as out:
-        launch = time.time()
-        proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
-        run_seconds = time.time() - launch
-    if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-5:]
-        raise SystemExit(f"error: {algo} seed {seed} exited with code {proc.returncode} (output in {workdir}):\n"
-                         + "\n".join(tail))
+    returncode, launch_time, run_seconds, peak_gb = launch(cmd, workdir, env)
+    if returncode != 0:
+        raise SystemExit(f"error: {algo} seed {seed} exited with code {returncode} (output in {workdir}):\n"
+                         + stderr_tail(workdir))
     run_dirs = [os.path.dirname(p) for p in glob.glob(os.path.join(workdir, "runs", "*", "events.out.tfevents.*"))]
     if len(run_dirs) != 1:
         raise SystemExit(f"error: expected one tensorboard run under {workdir}/runs, found {len(run_dirs)}")
     scalars = read_scalars(run_dirs[0])
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
-    return scalars, launch, run_seconds
+    return scalars, launch_time, run_seconds, peak_gb
 
 
 def curve(fam, scalars):
@@ -363,10 +377,10 @@ def main(argv=None):
     for algo in args.algos:
         curves[algo] = []
         for seed in args.seeds:
-            scalars, launch, run_seconds = run_one(algo, seed, args.env_id, algo_extra[algo], pin, args.keep)
+            scalars, launch, run_seconds, peak_gb = run_one(algo, seed, args.env_id, algo_extra[algo], pin, args.keep)
             for threshold in thresholds:
                 row = summarise(fam, scalars, threshold, launch)
-                row["run_s"] = run_seconds
+                row["run_s"], row["rss"] = run_seconds, peak_gb
                 results[threshold].setdefault(algo, []).append((seed, row))
             curves[algo].append(curve(fam, scalars))
     flags = "".join(f"- {a}: `{' '.join(algo_extra[a]) or '(defaults)'}`\n" for a in args.algos)

@@ -50,7 +50,6 @@ import random
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # grpo.py is imported by the worker
 
-from common.tools.benchmark import read_scalars  # noqa: E402  (standard library + tensorboard only)
+from common.tools.benchmark import launch, read_scalars, stderr_tail  # noqa: E402  (standard library + tensorboard only)
 
 VARIANTS = ("grpo", "trl", "trl-hook")
 OPTIONAL = ("trl", "datasets", "accelerate")  # imported only by the TRL side
@@ -412,25 +411,17 @@ def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin,
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     workdir = tempfile.mkdtemp(prefix=f"compare_{variant}_{seed}_")
     print(f"[compare_trl] {shlex.join(cmd)}   (in {workdir})", file=sys.stderr, flush=True)
-    with open(os.path.join(workdir, "stdout.txt"), "w") as out, open(os.path.join(workdir, "stderr.txt"), "w") as err:
-        launch = time.time()
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err)
-        # wait4 gives this child's own resource usage: its peak resident memory, whatever else runs beside it
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        run_seconds = time.time() - launch
-    peak_gb = usage.ru_maxrss / 2**20  # kB on Linux
+    returncode, launch_time, run_seconds, peak_gb = launch(cmd, workdir, env)
     run_dirs = [os.path.dirname(p) for p in glob.glob(os.path.join(workdir, "runs", "*", "events.out.tfevents.*"))]
-    if proc.returncode != 0 or len(run_dirs) != 1:
-        with open(os.path.join(workdir, "stderr.txt")) as err:
-            tail = "\n".join(err.read().strip().splitlines()[-5:])
-        print(f"[compare_trl] {variant} seed {seed} FAILED (exit code {proc.returncode}, output kept in {workdir}):\n{tail}",
+    if returncode != 0 or len(run_dirs) != 1:
+        print(f"[compare_trl] {variant} seed {seed} FAILED (exit code {returncode}, output kept in {workdir}):\n"
+              f"{stderr_tail(workdir)}",
               file=sys.stderr, flush=True)
         return None
     scalars = read_scalars(run_dirs[0])
     if not keep:
         shutil.rmtree(workdir, ignore_errors=True)
-    return scalars, launch, run_seconds, peak_gb
+    return scalars, launch_time, run_seconds, peak_gb
 
 
 def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float, eval_every: int) -> dict:
