@@ -9,7 +9,8 @@ Each run is `python <algo>.py --seed N [--env-id ENV] <args after -->`, pinned t
 speed figures were measured), in a
 fresh temporary working directory so that its runs/ folder holds exactly one run. Its event file is
 then read back and summarised; seconds are event wall time minus the subprocess launch time, so
-they include Python start-up and imports.
+they include Python start-up and imports. Every table also gives each run's wall time and its peak
+resident memory (the kernel's own count for that process, whatever else runs beside it).
 
 The algorithm name decides the family:
   classic (vpg a2c trpo ppo): x = env steps; "reached" = mean of the last 20 episodic returns
