@@ -59,7 +59,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # grpo.py is imported by the worker
 
-from common.tools.benchmark import launch, read_scalars, stderr_tail  # noqa: E402  (standard library + tensorboard only)
+from common.tools.benchmark import fmt, launch, median_row, read_scalars, stderr_tail  # noqa: E402  (stdlib + tensorboard)
 
 VARIANTS = ("grpo", "trl", "trl-hook")
 OPTIONAL = ("trl", "datasets", "accelerate")  # imported only by the TRL side
@@ -462,25 +462,6 @@ COLUMNS = [  # (header, key, format)
     ("peak RSS GB", "rss", "{:.2f}"),
     ("log-prob gap at start, nats/token", "gap", "{:.2f}"),
 ]
-
-
-def fmt(row: dict, key: str, spec: str) -> str:
-    value = row.get(key, float("nan"))
-    return "—" if value is None or math.isnan(value) else spec.format(value)
-
-
-def median_row(rows: list[dict]) -> dict:
-    """Medians over seeds; a seed that never reached the threshold counts as +inf for x_to and s_to."""
-    out = {}
-    for key in rows[0]:
-        values = [r[key] for r in rows]
-        if key in ("x_to", "s_to"):
-            values = [math.inf if math.isnan(v) else v for v in values]
-        else:
-            values = [v for v in values if not math.isnan(v)]
-        m = statistics.median(values) if values else float("nan")
-        out[key] = float("nan") if m == math.inf else m
-    return out
 
 
 def markdown(results: dict, threshold: float) -> str:
