@@ -5,7 +5,7 @@
     python -m common.tools.compare_trl --seeds 1 --num-iterations 20     # a quick look
     python -m common.tools.compare_trl --out common/results/trl.md       # also write the tables to a file
     python -m common.tools.compare_trl --variants grpo trl --seeds 1 --cores 0 1 --num-iterations 16 --threshold 0.5 \
-        -- --model runs/SmolLM2-135M-Instruct --task addition2 --few-shot 3 --learning-rate 2e-5 ...   # a real model
+        -- --model runs/SmolLM2-135M-Instruct --task addition2 --few-shot 3 --learning-rate 1e-5 ...   # a real model
 
 Flags after `--` are grpo.py's, given to both sides (the TRL side reads them as grpo.py's Args, so the
 resolved defaults, the prompts and the evaluation are the same). With several --cores the variants of a
