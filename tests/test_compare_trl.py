@@ -48,6 +48,13 @@ def test_bad_arguments_give_one_line(argv, message):
     assert str(e.value) == message
 
 
+def test_a_bad_grpo_flag_gets_grpo_s_own_line_before_trl_is_configured(monkeypatch):
+    monkeypatch.setattr(C, "require_optional", lambda: None)
+    monkeypatch.setattr(C, "trl_version", lambda: C.TRL_TESTED)
+    with pytest.raises(SystemExit, match="^error: --group-size"):
+        C.main(["--settings", "--", "--group-size", "1"])
+
+
 @pytest.mark.parametrize("argv", [["--variants", "dapo"], ["--seeds", "one"], ["--worker", "grpo"]])
 def test_unknown_values_are_refused_by_argparse(argv, capsys):
     with pytest.raises(SystemExit) as e:

@@ -530,11 +530,13 @@ def main(argv=None):
         trl_worker(args.seed, args.num_iterations, hook=args.worker == "trl-hook", flags=args.flags)
         return
     require_optional()  # before any run: the TRL side would fail later, and the settings need trl now
+    import grpo
 
     if trl_version() != TRL_TESTED:
         print(f"warning: TRL {trl_version()} is not the {TRL_TESTED} this tool was written against: its defaults, and the "
               "log-prob function the gap measurement calls, may have moved", file=sys.stderr)
-    g = grpo_args(args.flags, num_iterations=args.num_iterations)  # grpo.py refuses bad flags here, in one line
+    g = grpo_args(args.flags, num_iterations=args.num_iterations)  # tyro refuses unknown flags
+    grpo.check_args(g)  # and grpo.py's checks a bad value, in one line, before TRL sees it
     setting_text = settings_markdown(g)
     print(setting_text, flush=True)
     if args.settings:
