@@ -44,8 +44,8 @@ from torch import Tensor
 
 from common.llm import (
     LOGITS_PER_CHUNK, IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids,
-    few_shot_line, format_prompts, frozen_weights_to_bfloat16, global_mean, gradient_sync, init_distributed,
-    load_policy, parse_args, refuse_bad_args, resolve_model_path, rollout_stats, save_model, stop_criteria, stop_mask,
+    few_shot_line, format_prompts, frozen_weights_to_bfloat16, gradient_sync, init_distributed, load_policy,
+    parse_args, refuse_bad_args, resolve_model_path, rollout_stats, save_model, signal_rows, stop_criteria, stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -362,19 +362,19 @@ def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> d
         for minibatch_start in range(0, batch_size, minibatch_size):
             mb_inds = order[minibatch_start : minibatch_start + minibatch_size]
             optimizer.zero_grad()
-            # β = 0 and every advantage 0 (groups without signal): the gradient is exactly 0. Skip the forward and
-            # backward passes (most of an update on a real model) and step on zeros, as the optimiser would have (Adam's
-            # momentum still moves). The processes decide together: DDP's backward is collective.
-            any_signal = rollout.advantages[mb_inds].any().item()
-            if args.beta == 0 and global_mean(float(any_signal)) == 0:
+            # β = 0: a response whose advantage is 0 (no signal in its group) adds exactly 0 to the gradient, so only
+            # the others go through the model (most of an update on a real model). None on any process: step on
+            # zeros, as the optimiser would have (Adam's momentum still moves).
+            rows = signal_rows(mb_inds, rollout.advantages, args.beta)
+            if len(rows) == 0:
                 for p in trainable:
                     p.grad = torch.zeros_like(p)
                 stats["grad_norm"].append(0.0)
                 optimizer.step()
                 continue
-            for micro_start in range(0, minibatch_size, micro_batch_size):
-                inds = mb_inds[micro_start : micro_start + micro_batch_size]
-                with gradient_sync(model, last=micro_start + micro_batch_size == minibatch_size):
+            for micro_start in range(0, len(rows), micro_batch_size):
+                inds = rows[micro_start : micro_start + micro_batch_size]
+                with gradient_sync(model, last=micro_start + micro_batch_size >= len(rows)):
                     with autocast:
                         logits = response_logits(
                             model, rollout.sequences[inds], rollout.attention_mask[inds], rollout.prompt_len, args.temperature

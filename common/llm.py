@@ -452,6 +452,27 @@ def global_mean(value: float) -> float:
     return total.item() / torch.distributed.get_world_size()
 
 
+def signal_rows(mb_inds: Tensor, advantages: Tensor, beta: float) -> Tensor:
+    """The responses of a minibatch that the forward and backward passes must see.
+
+    With β = 0 a response whose advantage is 0 (its group's rewards were all equal) adds exactly 0 to the loss
+    and to its gradient: every term of every group objective is multiplied by its Â. So only the others are run
+    through the model, in minibatch order; the loss keeps the whole minibatch's normaliser, so the gradient is
+    the same, bit for bit up to summation order. On a real model 60-90 % of the responses carry no signal.
+    DDP's backward is collective, so every process keeps the same number of rows: the largest count over the
+    processes, topped up with zero-advantage rows (they still add 0). With β > 0 every row has a KL gradient.
+    """
+    if beta != 0:
+        return mb_inds
+    has_signal = advantages[mb_inds] != 0
+    count = torch.tensor([int(has_signal.sum())])
+    if torch.distributed.is_initialized():
+        count = count.to("cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+    first = torch.argsort((~has_signal).int(), stable=True)  # the signal rows first, each kind in minibatch order
+    return mb_inds[first[: int(count.item())]]
+
+
 # ---------------------------------------------------------------- the bookkeeping of an iteration
 
 def rollout_stats(rewards: Tensor, accuracies: Tensor, mask: Tensor, truncated: Tensor, entropies: Tensor,
@@ -535,7 +556,8 @@ class IterationLog:
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
         held_out = f"  {self.held_out(iteration)}" if due else ""
         eta = (time.time() - self.start) / iteration * (self.num_iterations - iteration)
-        # the trust region's statistic: the clip fraction, or SAPO's mean gate (it has no clip)
+        # the trust region's statistic: the clip fraction, or SAPO's mean gate (it has no clip), over the responses
+        # the update ran through the model (with β = 0, those with signal: signal_rows)
         trust = "".join(f"  {tag[7:]} {logged[tag]:.3f}" for tag in ("losses/clipfrac", "losses/gate") if tag in logged)
         print(
             f"iteration {iteration:4d}/{self.num_iterations}  reward {logged['charts/reward']:.3f}  "

@@ -32,9 +32,10 @@ def direct_logprobs(model, sequences, attention_mask, prompt_len, responses):
     return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
 
 
-def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1):
+def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1, no_signal: tuple = ()):
     """Left-padded prompts, responses of unequal lengths (some all padding), off-policy old log-probs (so clips act),
-    a reference that differs from the policy (so the KL term acts), and group advantages of random 0/1 rewards."""
+    a reference that differs from the policy (so the KL term acts), and group advantages of random 0/1 rewards;
+    the groups numbered in `no_signal` get equal rewards (advantages exactly 0)."""
     generator = torch.Generator().manual_seed(seed)
     n, prompt_len = num_groups * GROUP_SIZE, 5
     prompt_lengths = torch.randint(2, prompt_len + 1, (n,), generator=generator)
@@ -52,6 +53,8 @@ def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1):
     ref_logprobs = logprobs + 0.5 * torch.randn(logprobs.shape, generator=generator)
     rewards = torch.randint(0, 2, (n,), generator=generator).float()
     rewards[:GROUP_SIZE] = torch.tensor([1.0, 0.0, 0.0, 1.0])  # at least one group with signal
+    for group in no_signal:
+        rewards[group * GROUP_SIZE : (group + 1) * GROUP_SIZE] = float(group % 2)  # all right or all wrong
     advantages = module.compute_advantages(rewards, GROUP_SIZE)
     return module.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
 

@@ -14,7 +14,7 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+from fixed_rollouts import GROUP_SIZE, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
 from conftest import ROOT
 
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
@@ -27,16 +27,19 @@ def assert_same_parameters(actual, expected, initial):
         torch.testing.assert_close(actual[name], expected[name], atol=1e-6, rtol=0, msg=name)
 
 
+@pytest.mark.parametrize("beta, no_signal", [(0.04, ()), (0.0, (1, 2))], ids=["beta>0", "beta=0 zero-signal groups"])
 @pytest.mark.parametrize("micro_batch_size", [None, 1, 2, 8])
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches(module, micro_batch_size):
+def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches(module, micro_batch_size, beta, no_signal):
     """update_policy (log-probs at the temperature, micro-batch weights, DAPO's whole-step token count) gives
-    θ − ∇loss of policy_loss evaluated once on the whole batch with independently computed log-probs."""
+    θ − ∇loss of policy_loss evaluated once on the whole batch with independently computed log-probs; with β = 0
+    also when the update skips the responses without signal (the normalisers stay the whole minibatch's)."""
     model = tiny_gpt2()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    rollout = fixed_rollout(module, model)
-    expected = direct_step(module, model, rollout, update_args(module))
-    actual = sgd_step(module, model, rollout, update_args(module, micro_batch_size))
+    rollout = fixed_rollout(module, model, no_signal=no_signal)
+    assert (rollout.advantages == 0).sum() == len(no_signal) * GROUP_SIZE
+    expected = direct_step(module, model, rollout, update_args(module, beta=beta))
+    actual = sgd_step(module, model, rollout, update_args(module, micro_batch_size, beta=beta))
     assert_same_parameters(actual, expected, initial)
 
 
@@ -64,6 +67,20 @@ def test_two_processes_take_the_one_process_step(module, micro_batch_size, torch
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     expected = sgd_step(module, model, fixed_rollout(module, model), update_args(module))
     assert_same_parameters(steps[module.__name__, micro_batch_size], expected, initial)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_two_processes_with_unequal_signal_take_the_one_process_step(module, micro_batch_size, torchrun):
+    """β = 0, and process 0 holds every response with signal: process 1 must still run as many passes (DDP's
+    backward is collective; with unequal passes the launch hangs), and the step is the one-process step."""
+    _, steps, _ = torchrun
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model, no_signal=(1, 2, 3))
+    assert (rollout.advantages[: 2 * GROUP_SIZE] != 0).sum() == GROUP_SIZE and (rollout.advantages[2 * GROUP_SIZE :] == 0).all()
+    expected = direct_step(module, model, rollout, update_args(module, beta=0.0))
+    assert_same_parameters(steps[module.__name__, micro_batch_size, "beta 0"], expected, initial)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

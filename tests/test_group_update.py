@@ -310,6 +310,29 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
     hook.remove()
 
 
+@pytest.mark.parametrize("micro_batch_size", [None, 3])
+@pytest.mark.parametrize("name", list(MODULES))
+def test_with_beta_0_only_the_responses_with_signal_go_through_the_model(name, micro_batch_size):
+    """β = 0: a response whose advantage is 0 adds nothing to the gradient, so the forward and backward passes see
+    only the others, each once per epoch (the step is still the whole batch's: test_group_distributed.py). With
+    β > 0 the KL term has a gradient on every response: all of them go through."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model, no_signal=(0, 2))
+    signal = {tuple(rollout.sequences[i].tolist()) for i in range(16) if rollout.advantages[i] != 0}
+    assert len(signal) == 8  # the two groups with signal, 8 distinct rows
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist()), with_kwargs=True)
+    args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
+    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args, NO_AUTOCAST)
+    assert sorted(map(tuple, seen)) == sorted(list(signal) * 2)
+    seen.clear()
+    args = update_args(module, micro_batch_size, beta=0.04, num_minibatches=2, update_epochs=2)
+    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args, NO_AUTOCAST)
+    assert len(seen) == 2 * 16
+    hook.remove()
+
+
 # ---------------------------------------------------------------- scoring: π_θold and π_ref at the temperature
 
 def assert_scores(module, model, ref_model, rollout, args, reference):

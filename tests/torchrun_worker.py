@@ -1,6 +1,7 @@
 """Run by torchrun (2 processes, gloo) from test_group_distributed.py, so that one launch serves every check:
 1. every group file takes one optimiser step on this process's half of a fixed batch, DDP-wrapped, with and
-   without micro-batches; process 0 saves the parameters for the test to compare with the one-process step;
+   without micro-batches, and with β = 0 on a batch whose halves hold unequal numbers of responses with signal;
+   process 0 saves the parameters for the test to compare with the one-process step;
 2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
    folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
    weights, which must agree (the processes sample different responses; DDP keeps one model). Not a test file."""
@@ -30,6 +31,14 @@ if __name__ == "__main__":
             rollout = shard(module, fixed_rollout(module, model), rank, world_size)
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
             steps[name, micro_batch_size] = sgd_step(module, ddp_model, rollout, update_args(module, micro_batch_size))
+            # β = 0 and groups 1-3 without signal: process 0 holds 4 responses with signal, process 1 none, so it runs
+            # 4 of its zero-advantage rows to match process 0's passes (common/llm.py signal_rows)
+            model = tiny_gpt2()
+            rollout = shard(module, fixed_rollout(module, model, no_signal=(1, 2, 3)), rank, world_size)
+            ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+            steps[name, micro_batch_size, "beta 0"] = sgd_step(
+                module, ddp_model, rollout, update_args(module, micro_batch_size, beta=0.0)
+            )
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
     torch.distributed.destroy_process_group()
