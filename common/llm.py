@@ -443,11 +443,16 @@ def gradient_sync(model, last: bool):
     return model.no_sync()
 
 
+def collective_device() -> str:
+    """Where a tensor must live to be all-reduced: NCCL reduces GPU tensors only, gloo CPU ones."""
+    return "cuda" if torch.distributed.get_backend() == "nccl" else "cpu"
+
+
 def global_mean(value: float) -> float:
     """Mean of a per-process number over all processes (itself in one process): what rank 0 logs is the whole batch's."""
     if not torch.distributed.is_initialized():
         return value
-    total = torch.tensor([value], dtype=torch.float64, device="cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+    total = torch.tensor([value], dtype=torch.float64, device=collective_device())
     torch.distributed.all_reduce(total)
     return total.item() / torch.distributed.get_world_size()
 
@@ -458,7 +463,7 @@ def signal_rows(mb_inds: Tensor, advantages: Tensor, beta: float) -> Tensor:
     With β = 0 a response whose advantage is 0 (its group's rewards were all equal) adds exactly 0 to the loss
     and to its gradient: every term of every group objective is multiplied by its Â. So only the others are run
     through the model, in minibatch order; the loss keeps the whole minibatch's normaliser, so the gradient is
-    the same, bit for bit up to summation order. On a real model 60-90 % of the responses carry no signal.
+    the same, bit for bit up to summation order. On SmolLM2's addition runs half or more carry no signal.
     DDP's backward is collective, so every process keeps the same number of rows: the largest count over the
     processes, topped up with zero-advantage rows (they still add 0). With β > 0 every row has a KL gradient.
     """
@@ -467,7 +472,7 @@ def signal_rows(mb_inds: Tensor, advantages: Tensor, beta: float) -> Tensor:
     has_signal = advantages[mb_inds] != 0
     count = torch.tensor([int(has_signal.sum())])
     if torch.distributed.is_initialized():
-        count = count.to("cuda" if torch.distributed.get_backend() == "nccl" else "cpu")
+        count = count.to(collective_device())
         torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
     first = torch.argsort((~has_signal).int(), stable=True)  # the signal rows first, each kind in minibatch order
     return mb_inds[first[: int(count.item())]]
