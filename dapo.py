@@ -28,9 +28,10 @@ What changes from grpo.py, and why (the DAPO paper's list and its ablation table
 3. Token-level loss, eq. (102): sum over every token of the batch / their number, so a token of a
    long response weighs as much as one of a short response (GRPO's 1/T_i down-weights long ones).
    The number is that of the whole optimiser step, also in micro-batches and over several processes.
-4. Overlong reward shaping: a response longer than max_new_tokens − overlong_buffer loses reward
-   linearly, down to −1 at the cap; --overlong-filtering instead masks cut responses out of the
-   loss, so a sound but unfinished answer is not punished as wrong.
+4. Reward: +1 for a right answer, −1 for a wrong one (not 0), plus overlong reward shaping: a
+   response longer than max_new_tokens − overlong_buffer loses reward linearly, down to −1 more at
+   the cap, so a right answer cut at the cap (0) still beats a wrong one. --overlong-filtering instead
+   masks cut responses out of the loss, so a sound but unfinished answer is not punished as wrong.
 5. No KL penalty (β = 0): the policy is meant to move far from the starting model.
 
 One iteration: sample B prompts → G responses each from π_θold (one batched `generate` call)
@@ -175,9 +176,10 @@ def dynamic_sampling(model, tokenizer, task, rng, num_prompts: int, args: Args, 
             )
         texts = decode(tokenizer, responses, mask)
         targets = [target for _, target in pairs for _ in range(args.group_size)]
-        # 4. Rewards: the task's (accuracy), plus the soft overlong penalty (DAPO's overlong reward shaping).
+        # 4. Rewards: DAPO's rule-based reward, +1 right and −1 wrong (DAPO §2.4), plus the soft overlong penalty
+        # in [−1, 0] (§3.4); so a right answer cut at the cap (0) still beats a wrong one (−1 or less).
         accuracies = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
-        rewards = accuracies + overlong_penalty(mask.sum(dim=1), args.max_new_tokens, args.overlong_buffer)
+        rewards = 2 * accuracies - 1 + overlong_penalty(mask.sum(dim=1), args.max_new_tokens, args.overlong_buffer)
         # The filter looks at accuracy, as in the DAPO recipe: lengths alone differing is no signal about answers.
         signal = has_signal(accuracies, args.group_size)
         rounds.append(dict(signal=signal, prompt_ids=sequences[:, :prompt_len], prompt_mask=attention_mask[:, :prompt_len],

@@ -582,7 +582,7 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
     accuracies = [a for r in rounds for a in r["accuracies"]]
     lengths = [n for r in rounds for n in r["mask"].sum(1).tolist()]
     truncated = [bool(t) for r in rounds for t in r["truncated"]]
-    shaped = [a + hand_penalty(n, max_new_tokens, buffer) for a, n in zip(accuracies, lengths)]
+    shaped = [2 * a - 1 + hand_penalty(n, max_new_tokens, buffer) for a, n in zip(accuracies, lengths)]  # ±1 + penalty
     groups = [list(range(g, g + group_size)) for g in range(0, len(keys), group_size)]
     signal = [len({accuracies[i] for i in g}) > 1 for g in groups]
     # the case of the DAPO recipe: equal accuracy, different lengths → different shaped rewards, yet no signal
