@@ -13,6 +13,13 @@ Tasks and their files stay data: how a prompt is shown to a model (chat template
 where to cut the response) is decided by the group files. No task gives a format reward:
 a response either verifies (1.0) or it does not (0.0).
 
+Reference graders. A verifier accepts an answer written the way the grader of its kind reads it: after "####",
+the first number, as GSM8K's own grader (`#### (\\-?[0-9\\.\\,]+)`) reads it ("#### 25%", "#### 85, 86" is 85);
+elsewhere, as a careful math grader does (Qwen's math evaluation): \\boxed{} or \\fbox{}, "%", "$", units, LaTeX
+separators ("1{,}234") dropped, fractions compared by value. Countdown has no such grader: it checks each number
+once and the exact value, after taking off what those graders drop around an answer (a label, a full stop, emoji).
+Nothing that changes a value is dropped: every known loophole stays shut.
+
 Splits. Every question belongs to exactly one split, decided by a fixed, seed-independent hash
 of the question, with TEST_FRACTION of them held out: training never samples a test question,
 and the evaluation prompts are drawn from the test split with the fixed EVAL_SEED, so every
@@ -22,9 +29,10 @@ run and every method is evaluated on the same questions.
    Prompt "37+48=", target "85"; operands of 1 to 3 digits (2 for multiplication), the number
    of digits uniform, then the value uniform. The split hashes the operand pair.
    Reward: the response's answer, read as for a dataset file (3. below: the last number, unless there is a
-   \\boxed{...} or a "####"), is the target written as an integer ("085" and "85.0" are not, "1,085" is).
-   So an instruct model that writes "The answer is 85." is graded on 85, "−85" is minus 85, and "8.5", "1,085",
-   "85²" or "2^85" are not read as 85 or 5; the embedded tiny model answers with digits only.
+   \\boxed{...} or a "####"), is the target written as an integer ("085", "85.0" and "170/2" are not; "1,085",
+   "+85", "85%" and "85km" are). So an instruct model that writes "The answer is 85." is graded on 85, "−85" and
+   "= − 85" are minus 85, and "8.5", "1,085", "85²" or "2^85" are not read as 85 or 5; the embedded tiny model
+   answers with digits only.
    Demonstration: the sum written out ("37 + 48 = 85"). default_few_shot = 3.
    "addition2" is addition with operands of 1 to 2 digits: the task on which a small real chat model
    (SmolLM2-135M-Instruct, with --few-shot 3) starts at ~30 % sampled accuracy, where RL shows.
@@ -38,14 +46,16 @@ run and every method is evaluated on the same questions.
    Target: "3 7 25=46" (the numbers in prompt order, "=", the target). The split hashes the
    sorted numbers and the target, so reordering the numbers does not move a puzzle across splits.
    Reward, read from the response in this order:
-     a. the text: the content of the last \\boxed{...} if there is one, else the last non-empty line;
-        the LaTeX spellings \\times, \\cdot, \\div, \\left, \\right, \\( \\), \\[ \\] and $ are normalised,
-        markdown's code quotes ` and emphasis around the whole text ("**3 + 4**") dropped. The words next to
-        the box on its line must not join it to a formula, as for a number in 3. ("\\boxed{3 + 4}^2" scores 0);
-     b. anything from the first "=" on is dropped ("(25 - 3) * 2 + 2 = 46" is graded on the left side;
-        the value the model claims is ignored, so "46 = ..." scores 0);
-     c. what is left is the expression, after at most a label (letters and spaces ending with ":" or with the
-        word "is": "Answer:", "**Final answer:**", "The answer is") and before at most a full stop
+     a. the text: the content of the last \\boxed{...} or \\fbox{...} if there is one, else the last non-empty line
+        (LaTeX's line break \\\\ ends a line); the LaTeX spellings \\times, \\cdot, \\div, \\left, \\right, \\( \\),
+        \\[ \\] and $ are normalised, zero-width characters, markdown's code quotes `, emoji at the end ("3 + 4 🎉")
+        and emphasis around the whole text ("**3 + 4**") dropped. The words next to the box on its line must not
+        join it to a formula, as for a number in 3. ("\\boxed{3 + 4}^2" scores 0);
+     b. anything from the first "=" on is dropped, with a bracket that opens it ("(25 - 3) * 2 + 2 = 46" and
+        "3 * 7 + 25 (= 46)" are graded on the left side; the value the model claims is ignored, so "46 = ..." scores 0);
+     c. what is left is the expression, after at most a label (words of letters, each may end with a comma, the last
+        ending with ":", being "is", or ending with a comma just before the expression: "Answer:", "**Final answer:**",
+        "Therefore, the answer is", "Thus,") and before at most one mark of . , ; ?
         ("Answer: 3 + 4." -> "3 + 4"). All of it must be part of the expression: non-negative integers,
         parentheses, spaces and the binary operators + (plus), - − – (minus), * × · (times), / ÷ (divide).
         Anything else scores 0 instead of being left out, since it would change the value: a sign in front
@@ -75,22 +85,27 @@ run and every method is evaluated on the same questions.
    second file (--eval-task, e.g. GSM8K's test.jsonl) the first file is all training questions and the
    second all held-out ones. prompts() draws without replacement when n fits in the split; beyond that,
    training draws with replacement and an evaluation gets every held-out question once.
-   Reward: the response's answer is the last number inside the last \\boxed{...} if there is one, else the
-   first number after the last "####", else the last number of the response; it scores 1.0 when it equals the
-   target numerically ("72.0" == "72", "1,234" == "1234", "−7" == "-7"). A number is read whole (a sign
-   - − –, thousands commas, decimals) and must stand alone, else the response scores 0 (rather than being
-   graded on some other number):
-     - the word that holds it (words are split at spaces and "=") is the number, wrapped at most in
-       brackets, quotes, "$", markdown bold or code, trailing punctuation: "(85)", "**85**.", "$1,234", "85,";
-       not "x85", "85%", "85!", "85²", "2^10", "\\frac{3}{2}", "7.2e3" (not read: 0), "10-3", "８５";
+   Reward: the response's answer is the last number inside the last \\boxed{...} or \\fbox{...} if there is one,
+   else the first number after the last "####", else the last number of the response; it scores 1.0 when it equals
+   the target exactly ("72.0" == "72", "1,234" == "1234", "−7" == "-7", "\\frac{1}{2}" == "0.5"). A number is read
+   whole (a sign + - − –, thousands commas, decimals, ".5", a fraction "\\frac{1}{2}", "\\dfrac", "\\tfrac",
+   "1/2") and must stand alone, else the response scores 0 (rather than being graded on some other number):
+     - the word that holds it (words are split at spaces and "=") is the number, with at most a "%" or a unit
+       abbreviation glued to it ("25%", "72km", "90°"; not "25%2", "72km2", "85k", "85x", "$85m"), wrapped at most
+       in brackets, quotes, "$", markdown bold or code, trailing punctuation: "(85)", "**85**.", "$1,234", "-$3",
+       "85,"; not "x85", "++85", "85!", "85²", "2^10", "2\\frac{1}{2}", "7.2e3" (not read: 0), "10-3", "８５".
+       A sign that is a word of its own belongs to the number unless an operand precedes it ("= − 7" is -7;
+       "10 − 7" and "x − 7" are not);
      - the words next to it on its line do not join it to something else: an operator ("2 ^ 10", "10 - 3",
-       "√ 85", "85 * 2", "85 %"), another number ("1 234" is 1234), a LaTeX command ("\\sqrt 85", "85 \\times 2")
-       or a word of a short list ("sqrt 85", "negative 85", "2 x 85", "85 squared", "85 thousand": natural
-       language has more ways, these are the common ones). Around a \\boxed{...} the words outside it count too
-       ("\\boxed{85}^2" is not 85).
-   LaTeX's \\text{...}, \\$, \\%, \\( \\), \\[ \\], \\left, \\right and spacing commands are read as plain text first
-   ("1\\,234" is 1234). Only the last number counts, so "84 or 85" is graded on 85: naming several answers
-   gains nothing over naming the last one.
+       "√ 85", "85 * 2", "85 % 2"; "85 %" is a percent sign set apart), another number ("1 234" is 1234; after a
+       comma or semicolon a number is the next item of a list: "#### 85, 86" is 85), a LaTeX command ("\\sqrt 85",
+       "85 \\times 2") or a word of a short list ("sqrt 85", "negative 85", "2 x 85", "85 squared", "85 thousand":
+       natural language has more ways, these are the common ones). Around a \\boxed{...} the words outside it count
+       too ("\\boxed{85}^2" is not 85).
+   LaTeX's \\text{...}, \\$, \\%, \\( \\), \\[ \\], \\left, \\right, spacing commands, {,} and ^\\circ are read as
+   plain text first ("1\\,234" and "1{,}234" are 1234, "90^\\circ" is "90°"); a zero-width space is a space.
+   Only the last number counts, so "84 or 85" is graded on 85: naming several answers gains nothing over naming
+   the last one.
    Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's calculator
    notes "<<48/2=24>>" removed), else the bare number. default_few_shot = 2 (reasoning is long).
 4. Reverse: "reverse"
@@ -109,6 +124,7 @@ import math
 import random
 import re
 import sys
+import unicodedata
 from fractions import Fraction
 from pathlib import Path
 
@@ -132,46 +148,69 @@ MAX_ANSWER_CHARS = 100  # a longer number is not read (int() refuses more than 4
 
 # The digits of a number: thousands commas or plain digits, then decimals.
 _UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?"
-# A word that is a number: a sign (the hyphen, or the minus signs − and –) and digits, wrapped at most in what
-# leaves the value alone: brackets, quotes, "$" (currency or LaTeX math), markdown bold or code, trailing
-# punctuation. "x85", "85%", "85!", "85²", "2^10", "\frac{3}{2}", "7.2e3", "10-3" and "√85" do not match: they are
-# formulas. Nor do digits of other scripts ("８５", "٨٥"): int() would read them, Countdown does not, nor does this.
-_NUMBER_WORD = re.compile(rf"[$(\[\"'“‘*`]*([-−–]?{_UNSIGNED})[)\]\"'”’*`.,;:?$]*")
+# A fraction of whole numbers, "\frac{1}{2}" (or \dfrac, \tfrac) or "1/2"; a zero denominator is no number.
+_NONZERO = r"0*[1-9][0-9]*"
+_FRACTION = rf"\\[dt]?frac\{{[0-9]+\}}\{{{_NONZERO}\}}|[0-9]+/{_NONZERO}"
+# Units that may be glued to a number ("72km"), spelled as listed. Not a letter that may be a variable or a times sign
+# ("85x", "85e"), nor a multiplier ("85k", "85M", "85bn").
+_UNITS = "|".join(["mm", "cm", "m", "km", "in", "ft", "yd", "mi", "mg", "g", "kg", "lb", "lbs", "oz", "ml", "mL", "l",
+                   "L", "gal", "s", "sec", "min", "h", "hr", "hrs", "mph", "km/h", "m/s", "°", "°C", "°F"])
+# A word that is a number: a sign (+, the hyphen, the minus signs − and –), a value (".5" and fractions too) and
+# at most a percent sign or a unit glued to it, wrapped at most in what leaves the value alone: brackets, quotes,
+# "$" (currency, before or after the sign, or LaTeX math), markdown bold or code, trailing punctuation. "x85", "85!",
+# "85²", "2^10", "7.2e3", "10-3", "√85", "++85", "25%2" and "72km2" do not match: they are formulas. Nor do digits of
+# other scripts ("８５", "٨٥"): int() would read them, Countdown does not, nor does this.
+_NUMBER_WORD = re.compile(
+    rf"[$(\[\"'“‘*`]*(?P<sign>[-−–+]?)\$?(?P<value>{_FRACTION}|{_UNSIGNED}|\.[0-9]+)(?P<suffix>%|{_UNITS})?"
+    r"[)\]\"'”’*`.,;:?$]*"
+)
+_PERCENT_WORD = re.compile(r"%[)\]\"'”’*`.,;:?$]*")  # "85 %": a percent sign set apart, as French typesets it
+_MINUS_SIGNS = ("-", "−", "–")
 # Words: split at spaces, with "=" and each newline a word of their own (in "3+4=7" the answer 7 follows "=",
 # not "3+4"; a newline ends the neighbourhood of a number).
 _WORDS = re.compile(r"\n|=|[^\s=]+")
 
 # Neighbours that make a number part of a formula. The word before: its last character ("2 ^ 85", "10 - 3",
 # "√ 85", "sqrt( 85", "\frac{3}{ 2", "(2) 85" is a product) or its letters ("sqrt 85", "negative 85").
-_JOINS_BEFORE = set("+-−–*∗×·⋅∙/∕⁄÷^√∛∜±∓<>≤≥≠~({)]}")
+_JOINS_BEFORE = set("+-−–*∗×·⋅∙/∕⁄÷^√∛∜±∓<>≤≥≠~({)]}%")
 _WORDS_BEFORE = {"sqrt", "cbrt", "root", "log", "ln", "exp", "sin", "cos", "tan", "minus", "negative", "plus", "times",
                  "x", "over", "mod"}
-# The word after: its first character ("85 * 2", "85 %", "85 !", "85 - 3") or its letters ("85 squared", "85 x 2").
+# The word after: its first character ("85 * 2", "85 !", "85 - 3") or its letters ("85 squared", "85 x 2").
 _JOINS_AFTER = set("+-−–*∗×·⋅∙/∕⁄÷^±∓<>≤≥≠!%‰")
-_WORDS_AFTER = {"squared", "cubed", "factorial", "percent", "hundred", "thousand", "million", "billion", "trillion",
+_WORDS_AFTER = {"squared", "cubed", "factorial", "hundred", "thousand", "million", "billion", "trillion",
                 "times", "x", "plus", "minus", "over", "divided", "mod"}
 _PUNCTUATION = ".,;:!?*\"'()[]“”‘’"  # stripped from a neighbour before looking it up in the word lists
 _LATEX_COMMAND_AT_END = re.compile(r"\\[A-Za-z]+[{(]?$")  # "\sqrt", "\log", "\cdot", "\sqrt{" before a number
 
+# Invisible characters: a zero-width space separates words, the others (joiners, a byte order mark, a soft hyphen)
+# separate nothing. The invisible operators U+2061-U+2064 stay, and refuse the number ("2\u206285" is 2 times 85).
+_INVISIBLE = {"\u200b": " ", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "", "\u00ad": ""}
 # LaTeX that is plain text or spacing; \text{...} and its kin hold words ("72 \text{ apples}").
 _LATEX_TEXT = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox)\{([^{}]*)\}")
 _LATEX_PLAIN = {"\\$": "$", "\\%": "%", "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "\\left": "", "\\right": "",
-                "\\,": "", "\\!": "", "\\;": " ", "\\:": " ", "\\ ": " ", "\\quad": " "}  # "1\,234": a thin space
+                "\\,": "", "\\!": "", "\\;": " ", "\\:": " ", "\\ ": " ", "\\quad": " ",  # "1\,234": a thin space
+                "{,}": ",", "^{\\circ}": "°", "^\\circ": "°"}  # "1{,}234" keeps the comma from math spacing
 
 
-def _last_boxed(text: str) -> tuple[int, int] | None:
-    """Span (begin, end) of the content of the last \\boxed{...} (braces may nest), or None when there is none or
-    it is not closed."""
-    start = text.rfind("\\boxed{")
+def _replaced(text: str, table: dict[str, str]) -> str:
+    for old, new in table.items():
+        text = text.replace(old, new)
+    return text
+
+
+def _last_boxed(text: str) -> tuple[int, int, int] | None:
+    """Where the last \\boxed{...} or \\fbox{...} is: (start of the command, begin and end of its content; braces may
+    nest), or None when there is none or it is not closed."""
+    start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
         return None
-    depth, begin = 0, start + len("\\boxed{")
+    depth, begin = 0, text.index("{", start) + 1
     for i in range(begin, len(text)):
         if text[i] == "{":
             depth += 1
         elif text[i] == "}":
             if depth == 0:
-                return begin, i
+                return start, begin, i
             depth -= 1
     return None
 
@@ -198,58 +237,86 @@ def _joins_after(word: str) -> bool:
     )
 
 
+def _ends_operand(word: str) -> bool:
+    """Whether `word` may be the left side of a minus sign after it: "x", "2n", "5!", "50%" (but not "is", "=")."""
+    variable = word[-1].isalpha() and (len(word) == 1 or any(char.isdigit() for char in word))
+    return variable or word[-1] in "!%‰°′″"
+
+
 def _stands_alone(text: str, start: int, end: int) -> bool:
     """Whether neither the word just before text[start:end] nor the word just after it, on its line, joins it to
     a formula (the words are those of text as a whole: a neighbour may lie outside a box)."""
     before, after = _WORDS.findall(text[:start]), _WORDS.findall(text[end:])
     joined_before = bool(before) and before[-1] != "\n" and _joins_before(before[-1])
-    joined_after = bool(after) and after[0] != "\n" and _joins_after(after[0])
+    # a comma or semicolon ends a number: in "#### 85, 86" the 86 is the next item of a list (GSM8K's grader reads 85)
+    next_item = text[start:end].endswith((",", ";")) and bool(after) and after[0][0] in "0123456789"
+    joined_after = bool(after) and after[0] != "\n" and not next_item and _joins_after(after[0])
     return not (joined_before or joined_after)
 
 
+def _detached_sign(text: str, begin: int, start: int) -> tuple[int, str]:
+    """(start, sign) of a sign that is a word of its own just before the number at `start` and after `begin` ("= − 7",
+    "is + 85"); (start, "") when there is none, or when it is a binary operator ("44 − 7", "x − 7")."""
+    words = list(_WORDS.finditer(text, 0, start))
+    if not words or words[-1].group() not in ("+", *_MINUS_SIGNS) or words[-1].start() < begin:
+        return start, ""
+    previous = words[-2].group() if len(words) > 1 else "\n"
+    if previous != "\n" and (_joins_before(previous) or _ends_operand(previous)):
+        return start, ""
+    return words[-1].start(), words[-1].group()
+
+
+def _percent_end(text: str, end: int) -> int:
+    """The end of a percent sign set apart just after a number that ends at `end` ("85 %"), else `end`."""
+    following = _WORDS.search(text, end)
+    return following.end() if following and _PERCENT_WORD.fullmatch(following.group()) else end
+
+
+def _value_text(value: str) -> str:
+    """A number's value as Fraction reads it: "1,234" -> "1234", "\\frac{1}{2}" -> "1/2"."""
+    if value.startswith("\\"):
+        return "/".join(re.findall(r"[0-9]+", value))
+    return value.replace(",", "")
+
+
 def _read_number(text: str, begin: int, end: int, first: bool) -> str | None:
-    """The first (or last) word of text[begin:end] that holds a digit, as a number, when it is one and stands
-    alone; None when there is no such word or it is a formula: the answer is then wrong, never some other number
-    of the response."""
+    """The first (or last) word of text[begin:end] that holds a digit, as a number Fraction reads ("-1234", "1/2"),
+    when it is one and stands alone; None when there is no such word or it is a formula: the answer is then wrong,
+    never some other number of the response."""
     # any script's digits count here ("٨٥", "８５", "²"), so that they make the answer wrong rather than unseen
     holding = [w for w in _WORDS.finditer(text, begin, end) if any(char.isdigit() for char in w.group())]
     if not holding:
         return None
     word = holding[0] if first else holding[-1]
     number = _NUMBER_WORD.fullmatch(word.group()) if len(word.group()) <= MAX_ANSWER_CHARS else None
-    if number is None or not _stands_alone(text, word.start(), word.end()):
+    # money takes no unit (the m of "$85m" is million); a lone "$" is currency, LaTeX math comes in pairs ("$90°$")
+    if number is None or (number.group("suffix") not in (None, "%") and word.group().count("$") == 1):
         return None
-    return number.group(1)
+    start, sign = word.start(), number.group("sign")
+    if not sign:
+        start, sign = _detached_sign(text, begin, start)
+    stop = word.end() if number.group("suffix") else _percent_end(text, word.end())
+    if not _stands_alone(text, start, stop):
+        return None
+    return ("-" if sign in _MINUS_SIGNS else "") + _value_text(number.group("value"))
 
 
 def final_answer(response_text: str) -> str | None:
-    """The number a response answers with (module docstring, 3): the last number in the last \\boxed{...}, else the
-    first number after the last "####", else the last number of the response; None when there is none, or when
-    that number does not stand alone."""
-    text = _LATEX_TEXT.sub(r" \1 ", response_text)
-    for latex, plain in _LATEX_PLAIN.items():
-        text = text.replace(latex, plain)
+    """The number a response answers with (module docstring, 3), as Fraction reads it: the last number in the last
+    \\boxed{...} or \\fbox{...}, else the first number after the last "####", else the last number of the response;
+    None when there is none, or when that number does not stand alone."""
+    text = _replaced(_LATEX_TEXT.sub(r" \1 ", response_text), {**_INVISIBLE, **_LATEX_PLAIN})
     box = _last_boxed(text)
     if box is not None:
-        begin, end = box
+        start, begin, end = box
         # blank out "\boxed{" and its "}" (same length, so the span holds): the words around the box are then the
         # neighbours of a number at its edge ("2^\boxed{10}", "\boxed{85}^2")
-        start = begin - len("\\boxed{")
         text = text[:start] + " " * (begin - start) + text[begin:end] + " " + text[end + 1 :]
         return _read_number(text, begin, end, first=False)
     if "####" in text:
         after = text.rsplit("####", 1)[1]  # what comes before "####" is reasoning, not a neighbour
         return _read_number(after, 0, len(after), first=True)
     return _read_number(text, 0, len(text), first=False)
-
-
-def _minus_and_commas(number_text: str) -> str:
-    """A number as Python writes it: ASCII minus, no thousands commas ("−1,234" -> "-1234")."""
-    return number_text.replace(",", "").replace("−", "-").replace("–", "-")
-
-
-def _to_fraction(number_text: str) -> Fraction:
-    return Fraction(_minus_and_commas(number_text))
 
 
 # ---------------------------------------------------------------- 1. arithmetic
@@ -295,9 +362,8 @@ class Arithmetic:
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
-        answer = final_answer(response_text)
-        # as text, not as a value: "085" and "85.0" are not 85 written as an integer (and "085" always scored 0)
-        return 1.0 if answer is not None and _minus_and_commas(answer) == target else 0.0
+        # as text, not as a value: "085", "85.0" and "170/2" are not 85 written as an integer ("085" always scored 0)
+        return 1.0 if final_answer(response_text) == target else 0.0
 
 
 # ---------------------------------------------------------------- 2. countdown
@@ -305,14 +371,18 @@ class Arithmetic:
 MAX_EXPRESSION_CHARS = 200  # longer expressions score 0 unread (a solution with 4 numbers needs ~30)
 MAX_DEPTH = 20  # deeper parenthesis nesting scores 0 (bounds the parser's recursion)
 
-_LATEX = {"\\times": "*", "\\cdot": "*", "\\div": "/", "\\left": "", "\\right": "",
+_LATEX = {"\\\\": "\n", "\\times": "*", "\\cdot": "*", "\\div": "/", "\\left": "", "\\right": "",
           "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "$": " ", "`": " "}  # and markdown's code quotes
+_EMOJI_PARTS = "\ufe0e\ufe0f\U0001F3FB\U0001F3FC\U0001F3FD\U0001F3FE\U0001F3FF"  # variation selectors, skin tones
+_CLAIM_OPENED = re.compile(r"[(\[]\s*$")  # the bracket of a claimed value, "3 * 7 + 25 (= 46)", left before "="
 _BOLD = re.compile(r"(\*\*?)(.+)\1")  # markdown emphasis around the whole text, "**3 + 4 = 7**": never a times sign
 _OPERATORS = {"+": "+", "-": "-", "−": "-", "–": "-", "*": "*", "×": "*", "·": "*", "/": "/", "÷": "/"}
-# A label before the expression: words of letters only (so no number, operator or bracket hides in it), the last
-# one ending with ":" or being "is"; markdown bold around it. "Answer:", "**Final answer:**", "The answer is".
-# A function name is no label: "sqrt(...)" and "log 3 + ..." have no ":" and stay in front of the expression.
-_LABEL = re.compile(r"\**(?:[^\W\d_]+[ \t]+)*?(?:[^\W\d_]+\**:|is[ \t])\**")
+# A label before the expression: words of letters only (so no number, operator or bracket hides in it), each may end
+# with ",", the last one ending with ":" or being "is", or ending with "," just before the expression; markdown bold
+# around it. "Answer:", "**Final answer:**", "Therefore, the answer is", "Thus, ". A function name is no label:
+# "sqrt(...)" and "log 3 + ..." stay in front of the expression, and so does a label holding a word that names an
+# operation ("sqrt, (...)", "negative: 3 + 4"; the words of _WORDS_BEFORE).
+_LABEL = re.compile(r"\**(?:[^\W\d_]+,?[ \t]+)*?(?:[^\W\d_]+\**:|is[ \t]|[^\W\d_]+,(?=[ \t]*[\d(]))\**")
 
 
 class _Parser:
@@ -404,29 +474,39 @@ def _evaluate(tree) -> Fraction:
     return a / b
 
 
+def _without_decoration(text: str) -> str:
+    """`text` without the emoji and other pictographs that end it ("3 + 4 🎉"): Unicode's "other symbols" (not "°",
+    a unit), with their variation selectors and skin tones; never "!", "²" or "√", which change a value."""
+    end = len(text)
+    while end and (text[end - 1].isspace() or text[end - 1] in _EMOJI_PARTS
+                   or (unicodedata.category(text[end - 1]) == "So" and text[end - 1] != "°")):
+        end -= 1
+    return text[:end]
+
+
 def countdown_expression(response_text: str) -> str | None:
     """The expression a Countdown response is graded on (rules a-c of the module docstring), or None.
-    Only a label and a full stop are taken off: whatever else surrounds the expression stays, and fails to parse."""
-    text = response_text
-    for latex, plain in _LATEX.items():
-        text = text.replace(latex, plain)
+    Only a label, a claimed value, decoration and a full stop are taken off: whatever else surrounds the expression
+    stays, and fails to parse."""
+    text = _replaced(response_text, {**_INVISIBLE, **_LATEX})
     box = _last_boxed(text)
     if box is not None:
-        begin, end = box
-        if not _stands_alone(text, begin - len("\\boxed{"), end + 1):  # "\boxed{3 + 4}^2", "\sqrt{\boxed{3 + 4}}"
+        start, begin, end = box
+        if not _stands_alone(text, start, end + 1):  # "\boxed{3 + 4}^2", "\sqrt{\boxed{3 + 4}}"
             return None
         text = text[begin:end]
     else:
         lines = [line for line in text.splitlines() if line.strip()]
         text = lines[-1] if lines else ""
+    text = _without_decoration(text)
     bold = _BOLD.fullmatch(text.strip())
     if bold:
         text = bold.group(2)
-    text = text.split("=", 1)[0].strip()
+    text = _CLAIM_OPENED.sub("", text.split("=", 1)[0]).strip()
     label = _LABEL.match(text)
-    if label:
+    if label and not _WORDS_BEFORE.intersection(re.findall(r"[^\W\d_]+", label.group().lower())):
         text = text[label.end() :].lstrip()
-    if text.endswith("."):  # the end of a sentence ("The answer is 3 + 4."), never a decimal point: none is allowed
+    if text.endswith((".", ",", ";", "?")):  # the end of a sentence, never a decimal point: none is allowed
         text = text[:-1].rstrip()
     return text or None
 
@@ -636,7 +716,7 @@ class JsonlTask:
     @staticmethod
     def reward(response_text: str, target: str) -> float:
         answer = final_answer(response_text)  # at most MAX_ANSWER_CHARS characters: Fraction reads it at once
-        return 1.0 if answer is not None and _to_fraction(answer) == _to_fraction(target) else 0.0
+        return 1.0 if answer is not None and Fraction(answer) == Fraction(target) else 0.0
 
 
 # ---------------------------------------------------------------- 4. reverse

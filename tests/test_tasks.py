@@ -137,7 +137,18 @@ def test_arithmetic_prompts_are_bare():
     ("085", "85", 0.0), ("85.0", "85", 0.0),
     # what used to be read as another number, scoring 1.0
     ("8.5", "5", 0.0), ("1,801", "801", 0.0), ("10-11", "-11", 0.0), ("48 -11", "-11", 0.0), ("2 * 85", "85", 0.0),
-    ("85²", "85", 0.0), ("85!", "85", 0.0), ("85%", "85", 0.0), ("2^85", "85", 0.0), ("sqrt(85)", "85", 0.0),
+    ("85²", "85", 0.0), ("85!", "85", 0.0), ("2^85", "85", 0.0), ("sqrt(85)", "85", 0.0),
+    # a percent sign after the number leaves it (GSM8K asks "what percent"); this was pinned at 0.0 before
+    ("85%", "85", 1.0), ("85 % 2", "1", 0.0), ("85 % 2", "2", 0.0),  # ... but "%" between numbers is modulo
+    # a sign of its own: "+85" is 85, "− 7" is -7, unless it is a binary operator or doubled
+    ("+85", "85", 1.0), ("37 + 48 = +85", "85", 1.0), ("++85", "85", 0.0), ("+-85", "85", 0.0), ("+-85", "-85", 0.0),
+    ("− 7", "-7", 1.0), ("4 - 11 = − 7", "-7", 1.0), ("44 − 7", "-7", 0.0), ("44 − 7", "37", 0.0), ("x − 7", "-7", 0.0),
+    ("− − 7", "-7", 0.0), ("− − 7", "7", 0.0),
+    # invisible characters: a zero-width space is a space, so it ends a number but does not join two
+    ("85\u200b", "85", 1.0), ("The answer is 85\u200b.", "85", 1.0), ("8\u200b5", "85", 0.0),
+    ("2\u206285", "285", 0.0),  # U+2062 is an invisible times sign: 2 * 85, not 285
+    # a unit glued on; a fraction is not an integer written as one, even when equal
+    ("85km", "85", 1.0), ("\\frac{170}{2}", "85", 0.0), ("170/2", "85", 0.0),
 ])
 def test_arithmetic_reward(response, target, expected):
     assert TASKS["addition"].reward(response, target) == expected
@@ -279,6 +290,32 @@ CASES = [
     ("= 3 + 7 + 25", "3 7 25=35", 0.0),  # a leading "=": the left side is empty
     ("3 + 7 + 25 mod 100", "3 7 25=35", 0.0),
     ("3 + 7 + 25 (approximately)", "3 7 25=35", 0.0),
+    # what graders drop around an answer, dropped here too: each used to score 0.0
+    ("Therefore, the answer is 3 * 7 + 25.", "3 7 25=46", 1.0),  # a label with a comma in it
+    ("Thus, 3 * 7 + 25", "3 7 25=46", 1.0),  # ... or ending with one, just before the expression
+    ("sqrt, 3 * 7 + 25", "3 7 25=46", 0.0),  # but a word that names an operation is no label
+    ("negative: 3 * 7 + 25", "3 7 25=46", 0.0),
+    ("The answer, times two, is 3 * 7 + 25", "3 7 25=46", 0.0),
+    ("3 * 7 + 25;", "3 7 25=46", 1.0),
+    ("3 * 7 + 25,", "3 7 25=46", 1.0),
+    ("3 * 7 + 25 🎉", "3 7 25=46", 1.0),
+    ("3 * 7 + 25 👍🏽", "3 7 25=46", 1.0),  # an emoji with its skin tone
+    ("$3 \\times 7 + 25$ \\\\", "3 7 25=46", 1.0),  # a LaTeX line break
+    ("3 * 7 + 25 (= 46)", "3 7 25=46", 1.0),  # the bracket of the claimed value goes with it...
+    ("3 * 7 + 25 [= 47]", "3 7 25=46", 1.0),  # ... and the claimed value is still ignored
+    ("\\fbox{3 * 7 + 25}", "3 7 25=46", 1.0),
+    ("3 * 7 + 25\u200b", "3 7 25=46", 1.0),  # a zero-width space
+    # near misses of those rules
+    ("Therefore 3 * 7 + 25", "3 7 25=46", 0.0),  # no ":", "is" or "," ends the words: no label
+    ("Therefore, sqrt(3 + 7 + 25)", "3 7 25=35", 0.0),  # a label takes off words, never a function
+    ("3 * 7 + 25;;", "3 7 25=46", 0.0),  # one mark at most
+    ("3 * 7 + 25°", "3 7 25=46", 0.0),  # a degree sign is a unit, not decoration
+    ("3 * 7 🎉 + 25", "3 7 25=46", 0.0),  # decoration only at the end
+    ("3 * 7 + 2 5️⃣", "3 7 25=46", 0.0),  # a keycap digit is not decoration
+    ("3 * 7 + 25 ²", "3 7 25=46", 0.0),
+    ("3 * 7 + 25 (1)", "1 3 7 25=46", 0.0),  # a bracket without "=" is implicit multiplication: 46, refused
+    ("\\fbox{3 + 7 + 25}^2", "3 7 25=35", 0.0),
+    ("2\u200b5 + 3 * 7", "3 7 25=46", 0.0),  # a zero-width space splits 25 into 2 and 5
 ]
 
 # Adversarial responses run in a child process with a deadline: a verifier that evaluated 9**9**9 would
@@ -303,6 +340,9 @@ ADVERSARIAL = [
     ("The answer is " * 10_000 + "3*7+25", "3 7 25=46", 0.0),  # one label is taken off, the rest is letters
     ("**" * 50_000, "3 7 25=46", 0.0),
     ("\\boxed{" * 30_000 + "3*7+25" + "}" * 30_000, "3 7 25=46", 0.0),  # a box in a box: what precedes it ends in "{"
+    ("🎉" * 100_000, "3 7 25=46", 0.0),
+    ("3*7+25" + " 🎉" * 50_000, "3 7 25=46", 1.0),  # decoration is taken off in linear time
+    ("Thus, " * 50_000 + "3*7+25", "3 7 25=46", 1.0),  # one label of 50k words of letters: nothing hides in it
 ]
 
 
@@ -388,10 +428,7 @@ ANSWERS = [
     ("#### 72 + 3", "72", 0.0),  # (72)
     ("1,23", "23", 0.0),  # (23): a decimal comma, or a typo; not 23
     ("−7", "7", 0.0),  # (7): the minus sign was not read
-    ("\\boxed{85}\\%", "85", 0.0),  # (85): outside the box, on its line, still changes it
     # a number glued to or next to what changes it
-    ("85%", "85", 0.0),
-    ("85 %", "85", 0.0),
     ("85!", "85", 0.0),
     ("85²", "85", 0.0),
     ("85 ²", "85", 0.0),
@@ -429,6 +466,84 @@ ANSWERS = [
     ("NaN", "85", 0.0),
     ("inf", "85", 0.0),
     ("1e400", "1", 0.0),
+    # right answers written the way graders read them: each used to score 0.0
+    ("#### 25%", "25", 1.0),  # a percent sign after the number leaves it (pinned at 0.0 before, as the next three)
+    ("85%", "85", 1.0),
+    ("85 %", "85", 1.0),  # set apart, as French typesets it
+    ("\\boxed{85}\\%", "85", 1.0),
+    ("About 25% of them voted.", "25", 1.0),
+    ("\\boxed{25\\%}", "25", 1.0),
+    ("25 percent", "25", 1.0),
+    ("1{,}234", "1234", 1.0),  # LaTeX's thousands separator
+    ("\\boxed{1{,}234}", "1234", 1.0),
+    ("\\fbox{72}", "72", 1.0),
+    ("\\boxed{7} then \\fbox{72}", "72", 1.0),  # the last box of either spelling
+    ("\\frac{1}{2}", "0.5", 1.0),  # a fraction, by value
+    ("\\boxed{\\dfrac{1}{2}}", "0.5", 1.0),
+    ("$\\tfrac{1}{2}$", "0.5", 1.0),
+    ("\\boxed{1/2}", "0.5", 1.0),
+    ("\\boxed{\\frac{2}{4}}", "0.5", 1.0),  # equal, not reduced
+    ("-\\frac{3}{4}", "-0.75", 1.0),
+    ("\\boxed{\\frac{1}{2} \\text{ cup}}", "0.5", 1.0),
+    ("\\frac{170}{2}", "85", 1.0),  # a dataset compares values (arithmetic asks for an integer written as one)
+    ("It is .5", "0.5", 1.0),
+    ("-.5", "-0.5", 1.0),
+    ("-$3", "-3", 1.0),  # the sign before the currency sign
+    ("−$3", "-3", 1.0),
+    ("72km", "72", 1.0),  # a unit glued on
+    ("It is 72kg.", "72", 1.0),
+    ("90°", "90", 1.0),
+    ("$90^\\circ$", "90", 1.0),
+    ("#### 85, 86", "85", 1.0),  # the first number after "####", as GSM8K's grader reads it
+    ("#### 85; 86", "85", 1.0),
+    ("= − 7", "-7", 1.0),  # a sign set apart
+    ("**Answer:** − 7", "-7", 1.0),
+    ("\\boxed{− 7}", "-7", 1.0),
+    # near misses of those rules, all 0.0
+    ("25%2", "25", 0.0),  # "%" only where it ends the number
+    ("25%2", "2", 0.0),
+    ("25%%", "25", 0.0),
+    ("25 % 2", "1", 0.0),  # 25 mod 2...
+    ("25 % 2", "2", 0.0),  # ... is not 2 either: "%" before a number joins it (this one used to score 1.0)
+    ("#### 25 % 2", "25", 0.0),
+    ("25‰", "25", 0.0),  # per mille
+    ("25%", "0.25", 0.0),  # the percent sign is dropped, never applied
+    ("1{,}23", "123", 0.0),
+    ("\\fbox{72}^2", "72", 0.0),
+    ("2^\\fbox{72}", "72", 0.0),
+    ("\\frac{1}{3}", "0.33", 0.0),  # only exactly equal
+    ("\\frac{1}{3}", "0.3333333333", 0.0),
+    ("\\frac{1}{2}", "2", 0.0),  # a fraction is one number, not its last digits
+    ("\\frac{1}{0}", "0", 0.0),  # no number, no crash
+    ("2\\frac{1}{2}", "2.5", 0.0),  # a mixed number, or 2 times a half: not read
+    ("\\boxed{\\frac{1}{2}x}", "0.5", 0.0),
+    ("\\boxed{\\frac{1}{2} x}", "0.5", 0.0),
+    ("\\boxed{\\frac{1}{2} \\pi}", "0.5", 0.0),
+    ("\\sqrt{\\frac{1}{4}}", "0.25", 0.0),
+    ("\\frac{1}{2}^2", "0.5", 0.0),
+    ("1/2/3", "0.5", 0.0),
+    ("..5", "0.5", 0.0),
+    ("3 .5", "0.5", 0.0),  # a number before it: "3 .5" is not .5
+    ("−$3", "3", 0.0),
+    ("--$3", "-3", 0.0),
+    ("72km2", "72", 0.0),  # a unit, then a digit: a formula
+    ("72km2", "2", 0.0),
+    ("7x2", "7", 0.0),
+    ("7x2", "14", 0.0),
+    ("85k", "85", 0.0),  # a multiplier is no unit
+    ("85M", "85", 0.0),
+    ("$85m", "85", 0.0),  # money takes no unit: m is million
+    ("2pi", "2", 0.0),
+    ("2e", "2", 0.0),
+    ("$90^{\\circ}2$", "90", 0.0),
+    ("#### 85,86", "85", 0.0),  # not thousands, and no space: no list either
+    ("#### 85, * 2", "85", 0.0),  # an operator still joins after a comma
+    ("#### 85 86", "85", 0.0),  # a space is a thousands separator: 8586
+    ("10 − 7", "-7", 0.0),  # a sign after an operand is subtraction
+    ("x − 7", "-7", 0.0),
+    ("5! − 7", "-7", 0.0),
+    ("− \\boxed{7}", "-7", 0.0),  # outside the box the sign still changes it
+    ("− " * 50_000 + "7", "-7", 0.0),  # one sign is taken, the one before it joins
 ]
 
 
@@ -581,6 +696,7 @@ def test_jsonl_too_small_for_both_splits(tmp_path):
 SOUP = ["85", "-11", "3", "7", "25", "72", "1,234", "2.5", "0", "9" * 5000, "(", ")", "{", "}", "[", "]", "+", "-",
         "−", "–", "*", "**", "×", "·", "/", "÷", "^", "!", "%", "²", "√", "=", ":", ".", ",", "$", "#", "####", "\\",
         "\\boxed{", "\\frac{", "\\sqrt", "\\text{", "\\left(", "\\right)", "\\(", "\\)", "\\%", "\\,", "\\times",
+        "\\fbox{", "\\dfrac{", "{,}", "^\\circ", "km", "°", "🎉", "\u200b", "\ufe0f", ";", "(=", "Thus,",
         "sqrt", "log", "is", "squared", "Answer:", "**Answer:**", "x", "e", "nan", "inf", "∞", "３", "٣", "\ud800",
         "\x00", "`", "'", '"', " ", " ", " ", "\n", "\t", "\u2028", "\r"]
 
