@@ -45,12 +45,14 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from common.llm import (
-    LOGITS_PER_CHUNK, IterationLog, ModelArgs, add_lora, answer_stop, check_prompt_length, decode, eos_token_ids,
-    few_shot_line, format_prompts, frozen_weights_to_bfloat16, gradient_sync, init_distributed, load_policy,
-    parse_args, refuse_bad_args, resolve_model_path, rollout_stats, save_model, signal_rows, stop_criteria, stop_mask,
+    LOGITS_PER_CHUNK, IterationLog, Minibatch, ModelArgs, add_lora, answer_stop, check_prompt_length, decode,
+    draw_minibatches, eos_token_ids, few_shot_line, format_prompts, frozen_weights_to_bfloat16, global_fraction,
+    gradient_sync, holds_stop, init_distributed, load_policy, parse_args, position_ids, refuse_bad_args,
+    resolve_defaults, resolve_model_path, rollout_stats, save_model, stop_mask,
 )
 from common.tasks import EVAL_SEED, get_task
 
@@ -152,8 +154,8 @@ def policy_loss(
 
 def check_args(args: Args, world_size: int = 1) -> None:
     """Refuse bad input with one clear line, before anything heavy is loaded (the shared flags: common/llm.py)."""
-    responses_per_process = args.prompts_per_iteration // world_size * args.group_size
-    minibatch = responses_per_process // max(args.num_minibatches, 1)
+    groups_per_process = args.prompts_per_iteration // world_size
+    minibatch = groups_per_process // max(args.num_minibatches, 1) * args.group_size  # responses
     refuse_bad_args(args, [
         (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
         (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
@@ -164,9 +166,10 @@ def check_args(args: Args, world_size: int = 1) -> None:
         (args.max_new_tokens is None or args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
-        (args.num_minibatches >= 1 and responses_per_process % args.num_minibatches == 0,
-         f"--num-minibatches must be >= 1 and divide the {responses_per_process} responses per iteration"
-         f"{f' of each of the {world_size} processes' if world_size > 1 else ''}, got {args.num_minibatches}"),
+        (args.num_minibatches >= 1 and groups_per_process % args.num_minibatches == 0,
+         f"--num-minibatches must be >= 1 and divide the {groups_per_process} groups (prompts) per iteration"
+         f"{f' of each of the {world_size} processes' if world_size > 1 else ''}, since a minibatch holds whole groups,"
+         f" got {args.num_minibatches}"),
         (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
          f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}"
          f"{' per process' if world_size > 1 else ''}, got {args.micro_batch_size}"),
@@ -202,45 +205,15 @@ def reference_scoring(ref_model, args: Args):
     return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()
 
 
-# ---------------------------------------------------------------- sampling and scoring responses
-
-def response_logits(model, sequences: Tensor, attention_mask: Tensor, prompt_len: int, temperature: float) -> Tensor:
-    """Logits of the distributions each response token was sampled from, ÷ temperature, in float32: [N, T, vocab].
-
-    `sequences` = left-padded prompts (width prompt_len) followed by the responses. Position ids
-    count real tokens only, so a left-padded row sees the positions it would see alone (gpt2 has
-    absolute positions). These logits are the memory peak: score in micro-batches on big vocabularies.
-    """
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    # Only the logits that predict response tokens are needed: positions prompt_len-1 .. end-1 (given as indices,
-    # so that the output layer computes just these, into one contiguous tensor).
-    predicting = torch.arange(prompt_len - 1, sequences.shape[1] - 1, device=sequences.device)
-    logits = model(
-        input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids, logits_to_keep=predicting,
-        use_cache=False,  # scoring needs no KV cache (and gradient checkpointing refuses one)
-    ).logits
-    # float32 (so already, from the float32 output layer); divided in place: a second [N, T, vocab] copy would double the peak
-    return logits.float().div_(temperature)
-
-
-def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
-    """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
-    A few positions at a time: logsumexp's temporaries are then [positions, vocab], and the logits alone are the peak."""
-    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
-    flat_logits, flat_tokens = logits.flatten(0, 1), tokens.flatten()  # [N*T, vocab], [N*T]
-    return torch.cat([
-        chunk.gather(-1, chunk_tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
-        for chunk, chunk_tokens in zip(flat_logits.split(positions), flat_tokens.split(positions))
-    ]).view_as(tokens)
-
+# ---------------------------------------------------------------- sampling responses: each prompt read once
 
 def entropy(logits: Tensor) -> Tensor:
-    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [N, T]; a few positions
+    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [...]; a few positions
     at a time."""
+    flat = logits.reshape(-1, logits.shape[-1])  # [positions, vocab]
     positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
     return torch.cat([
-        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
-        for chunk in logits.flatten(0, 1).split(positions)
+        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in flat.split(positions)
     ]).view(logits.shape[:-1])
 
 
@@ -257,45 +230,64 @@ def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     return (positions.unsqueeze(0) <= first_eos.unsqueeze(1)).float(), truncated
 
 
+class Samples(NamedTuple):
+    """B prompts and their N = B * G sampled responses: response i answers prompt i // G."""
+
+    prompt_ids: Tensor  # [B, P] left-padded prompts
+    prompt_mask: Tensor  # [B, P]
+    responses: Tensor  # [N, T]
+    mask: Tensor  # [N, T] 1 up to and including the end of the answer (EOS, or a base model's stop string)
+    truncated: Tensor  # [N] no end within max_new_tokens
+    entropies: Tensor  # [N, T] entropy of π_θold where each token was sampled, for logging
+
+
 @torch.no_grad()
 def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
-    """num_samples responses per prompt in one batched `generate` call (left padding, KV cache).
+    """num_samples responses to each prompt, drawn token by token from π_θold with a KV cache.
 
-    Returns sequences [N, P+T], attention_mask [N, P+T], prompt_len P, responses [N, T], mask [N, T], truncated [N].
+    The responses of a group share their prompt, so it is read once: prefill runs each prompt through the
+    model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
+    step then runs one new token of every response.
     """
     texts = format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
     stop = answer_stop(tokenizer, task, args.few_shot)
     # a chat template already holds its special tokens
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
-    prompt_ids = enc["input_ids"].repeat_interleave(num_samples, dim=0).to(device)
-    prompt_mask = enc["attention_mask"].repeat_interleave(num_samples, dim=0).to(device)
-    eos_ids = eos_token_ids(model, tokenizer)
-    # Sample from π_θold itself: no top-k/top-p truncation or repetition penalty, whatever the model's
-    # generation_config says, or the behaviour policy would not be the one whose log-probs we compute.
-    # generate() derives position_ids from the attention mask, as response_logits does.
-    sequences = model.generate(
-        input_ids=prompt_ids,
-        attention_mask=prompt_mask,
-        max_new_tokens=args.max_new_tokens,
-        do_sample=not greedy,
-        temperature=None if greedy else args.temperature,
-        top_k=None if greedy else 0,
-        top_p=None if greedy else 1.0,
-        repetition_penalty=1.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=eos_ids,
-        stopping_criteria=stop_criteria(tokenizer, stop, prompt_ids.shape[1]),
-    )
-    prompt_len = prompt_ids.shape[1]
-    responses = sequences[:, prompt_len:]  # [N, T]
-    mask, truncated = response_mask(responses, torch.tensor(eos_ids, device=device))
-    if stop is not None:  # cut after generating: transformers' own stop strings fail on some tokenizers
+    prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
+    eos_ids = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    # Prefill: each prompt once. Position ids count real tokens only (gpt2 has absolute positions).
+    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
+                    use_cache=True, logits_to_keep=1)
+    cache = prefill.past_key_values
+    cache.batch_repeat_interleave(num_samples)  # [B, ...] -> [N, ...]: each prompt's keys and values, G times
+    logits = prefill.logits[:, -1].float().repeat_interleave(num_samples, dim=0)  # [N, vocab]
+    attention_mask = prompt_mask.repeat_interleave(num_samples, dim=0)  # [N, P], then one column per step
+    next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
+    ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    tokens, entropies = [], []
+    for step in range(args.max_new_tokens):
+        # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
+        # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
+        logits = logits / args.temperature
+        entropies.append(entropy(logits))
+        token = logits.argmax(dim=-1) if greedy else torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
+        tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
+        ended = ended | torch.isin(token, eos_ids)
+        if stop is not None:
+            ended = ended | holds_stop(tokenizer, torch.stack(tokens, dim=1), stop)
+        if ended.all():
+            break
+        # Decode: the new token of every response, its keys and values added to the cache.
+        attention_mask = F.pad(attention_mask, (0, 1), value=1)
+        logits = model(input_ids=tokens[-1].unsqueeze(1), attention_mask=attention_mask,
+                       position_ids=next_position + step, past_key_values=cache, use_cache=True).logits[:, -1].float()
+    responses = torch.stack(tokens, dim=1)  # [N, T]
+    mask, truncated = response_mask(responses, eos_ids)
+    if stop is not None:  # a base model's answer ends at the stop string (the token that completes it included)
         cut = stop_mask(tokenizer, responses, mask, stop)
         truncated = truncated & (cut.sum(dim=1) == mask.sum(dim=1))  # an answer that ended is not cut short
         mask = cut
-    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)  # [N, P+T]
-    return sequences, attention_mask, prompt_len, responses, mask, truncated
-
+    return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1))
 
 
 @torch.no_grad()
@@ -306,20 +298,65 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     accuracies = []
     for greedy in (False, True):
         with autocast:
-            _, _, _, responses, mask, _ = sample(model, tokenizer, task, prompts, args, device, num_samples=1, greedy=greedy)
-        texts = decode(tokenizer, responses, mask)
+            samples = sample(model, tokenizer, task, prompts, args, device, num_samples=1, greedy=greedy)
+        texts = decode(tokenizer, samples.responses, samples.mask)
         accuracies.append(sum(task.reward(text, target) for text, target in zip(texts, targets)) / len(targets))
     return accuracies[0], accuracies[1]
 
 
-# ---------------------------------------------------------------- one iteration's rollout, and the update on it
+# ---------------------------------------------------------------- log-probs of the sampled tokens: each prompt read once
+
+def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, responses: Tensor,
+                    temperature: float, share_prompt: bool = True) -> Tensor:
+    """Logits of the distributions each response token was sampled from, ÷ temperature, in float32: [n, T, vocab].
+
+    Response i answers prompt prompt_index[i] of prompt_ids [B, P]. The responses of a group share their prompt,
+    so it is read once: each distinct prompt but its last token runs through the model, with gradient when
+    training, and leaves its keys and values in a cache; every response attends to its prompt's copy and runs
+    [last prompt token, y_1 .. y_(T−1)], whose T outputs predict y_1 .. y_T. The same log-probs and gradient as
+    [prompt; response] run whole, which is what share_prompt=False does (a checkpointed layer keeps no cache).
+    The padding after a response's end needs no mask: causal attention never lets a real token see it.
+    These logits are the memory peak: score in micro-batches on big vocabularies.
+    """
+    cache, input_ids = None, torch.cat([prompt_ids[prompt_index], responses[:, :-1]], dim=1)
+    if share_prompt:
+        prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)
+        prompt_ids, prompt_mask = prompt_ids[prompts], prompt_mask[prompts]  # [distinct prompts, P]
+        if prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
+            prefix_mask = prompt_mask[:, :-1]
+            cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prefix_mask,
+                          position_ids=position_ids(prefix_mask), use_cache=True, logits_to_keep=1).past_key_values
+            cache.reorder_cache(prompt_index)  # [distinct prompts, ...] -> [n, ...]: each response its prompt's copy
+        input_ids = torch.cat([prompt_ids[prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
+    attention_mask = F.pad(prompt_mask[prompt_index], (0, responses.shape[1] - 1), value=1)  # [n, P + T − 1]
+    logits = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask)[:, -input_ids.shape[1] :],
+        past_key_values=cache,
+        use_cache=cache is not None,
+        logits_to_keep=responses.shape[1],  # only the T positions that predict response tokens
+    ).logits
+    # float32 (so already, from the float32 output layer); divided in place: a second [n, T, vocab] copy would double the peak
+    return logits.float().div_(temperature)
+
+
+def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
+    """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
+    A few positions at a time: logsumexp's temporaries are then [positions, vocab], and the logits alone are the peak."""
+    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
+    flat_logits, flat_tokens = logits.flatten(0, 1), tokens.flatten()  # [N*T, vocab], [N*T]
+    return torch.cat([
+        chunk.gather(-1, chunk_tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+        for chunk, chunk_tokens in zip(flat_logits.split(positions), flat_tokens.split(positions))
+    ]).view_as(tokens)
+
 
 class Rollout(NamedTuple):
-    """What the update needs of one iteration's samples, on this process: N responses of at most T tokens."""
+    """What the update needs of one iteration's samples, on this process: B prompts, N = B * G responses."""
 
-    sequences: Tensor  # [N, P+T] left-padded prompts, then the responses
-    attention_mask: Tensor  # [N, P+T]
-    prompt_len: int  # P
+    prompt_ids: Tensor  # [B, P] left-padded prompts; response i answers prompt i // G
+    prompt_mask: Tensor  # [B, P]
     responses: Tensor  # [N, T]
     mask: Tensor  # [N, T] 1 on the tokens the loss sees (EOS included, padding excluded)
     advantages: Tensor  # [N]
@@ -328,61 +365,52 @@ class Rollout(NamedTuple):
 
 
 @torch.no_grad()
-def score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args: Args, autocast):
-    """Log-probs of the sampled tokens under π_θold (the model as it sampled) and π_ref: fixed targets of the
-    update, no gradient. Also the entropy of π_θold at each position, for logging. All [N, T].
-    Scored in batches of the update's shape: GPU kernels round differently for other shapes."""
-    micro_batch_size = args.micro_batch_size or len(responses) // args.num_minibatches
+def score_responses(model, ref_model, samples: Samples, first_epoch: list[Minibatch], args: Args, autocast):
+    """Log-probs of the sampled tokens under π_θold (the model as it sampled) and π_ref, [N, T] each (π_ref: None
+    when β = 0): fixed targets of the update, no gradient. Scored in the very passes of the first epoch's update,
+    since GPU kernels round by shape: the first ratio is then exactly 1. Responses that no pass runs (β = 0, no
+    signal) are not scored: their log-probs are left at 0, and Â = 0 makes them irrelevant."""
+    old_logprobs = torch.zeros(samples.responses.shape, device=samples.responses.device)
+    ref_logprobs = None if ref_model is None else torch.zeros_like(old_logprobs)
     model.eval()
-    old_logprobs, ref_logprobs, entropies = [], [], []
-    for start in range(0, len(responses), micro_batch_size):
-        rows = slice(start, start + micro_batch_size)
+    for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:
+        rows = (samples.prompt_ids, samples.prompt_mask, inds // args.group_size, samples.responses[inds])
         with autocast:
-            logits = response_logits(model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
-        old_logprobs.append(token_logprobs(logits, responses[rows]))
-        entropies.append(entropy(logits))
+            logits = response_logits(model, *rows, args.temperature, not args.gradient_checkpointing)
+        old_logprobs[inds] = token_logprobs(logits, samples.responses[inds])
         if ref_model is not None:
             with reference_scoring(ref_model, args), autocast:
-                logits = response_logits(ref_model, sequences[rows], attention_mask[rows], prompt_len, args.temperature)
-            ref_logprobs.append(token_logprobs(logits, responses[rows]))
-    return torch.cat(old_logprobs), torch.cat(ref_logprobs) if ref_model is not None else None, torch.cat(entropies)
+                logits = response_logits(ref_model, *rows, args.temperature, not args.gradient_checkpointing)
+            ref_logprobs[inds] = token_logprobs(logits, samples.responses[inds])
+    return old_logprobs, ref_logprobs
 
 
-def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> dict[str, list[float]]:
-    """Step 5: E epochs of minibatch gradient steps on the loss; returns the per-step stats.
+# ---------------------------------------------------------------- the update: minibatches of whole groups
 
-    Each minibatch is one optimiser step, computed in micro-batches of --micro-batch-size responses
-    whose gradients add up to the minibatch's (gradient accumulation). Under torchrun `model` is
-    wrapped in DDP, which averages the gradients of the processes: their shards are equal in size,
-    so the step is the one-process step on the whole batch.
+def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[Minibatch]], args: Args, autocast) -> dict:
+    """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats.
+
+    `epochs` holds each epoch's minibatches of whole groups (common/llm.py: draw_minibatches), so that a pass
+    reads each prompt once. A minibatch is one optimiser step, computed in passes (micro-batches) whose gradients
+    add up to the minibatch's. With β = 0 the groups without signal run no pass, since they would add exactly 0;
+    the optimiser still steps, on zeros if no group had signal, as it would have after running them (Adam's
+    momentum moves the weights). Under torchrun `model` is wrapped in DDP, which averages the gradients of the
+    processes: their shards are equal in size, so the step is the one-process step on the whole batch.
     """
-    batch_size = len(rollout.responses)
-    minibatch_size = batch_size // args.num_minibatches
-    micro_batch_size = args.micro_batch_size or minibatch_size
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing
-    stats = {"policy_loss": [], "kl_ref": [], "clipfrac": [], "grad_norm": []}
-    for epoch in range(args.update_epochs):
-        order = torch.randperm(batch_size, device=rollout.responses.device)
-        for minibatch_start in range(0, batch_size, minibatch_size):
-            mb_inds = order[minibatch_start : minibatch_start + minibatch_size]
+    stats = {"policy_loss": [], "grad_norm": []}
+    sums = {"signal_tokens": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0}  # over all passes, for the fractions
+    for minibatches in epochs:
+        for minibatch in minibatches:
             optimizer.zero_grad()
-            # β = 0: a response whose advantage is 0 (no signal in its group) adds exactly 0 to the gradient, so only
-            # the others go through the model (most of an update on a real model). None on any process: step on
-            # zeros, as the optimiser would have (Adam's momentum still moves).
-            rows = signal_rows(mb_inds, rollout.advantages, args.beta)
-            if len(rows) == 0:
-                for p in trainable:
-                    p.grad = torch.zeros_like(p)
-                stats["grad_norm"].append(0.0)
-                optimizer.step()
-                continue
-            for micro_start in range(0, len(rows), micro_batch_size):
-                inds = rows[micro_start : micro_start + micro_batch_size]
-                with gradient_sync(model, last=micro_start + micro_batch_size >= len(rows)):
+            step_loss = 0.0  # the minibatch's loss, whichever passes compute it
+            for number, inds in enumerate(minibatch.passes):
+                with gradient_sync(model, last=number == len(minibatch.passes) - 1):
                     with autocast:
                         logits = response_logits(
-                            model, rollout.sequences[inds], rollout.attention_mask[inds], rollout.prompt_len, args.temperature
+                            model, rollout.prompt_ids, rollout.prompt_mask, inds // args.group_size,
+                            rollout.responses[inds], args.temperature, not args.gradient_checkpointing,
                         )
                     logprobs = token_logprobs(logits, rollout.responses[inds])
                     old_logprobs, mask = rollout.old_logprobs[inds], rollout.mask[inds]
@@ -395,23 +423,36 @@ def update_policy(model, optimizer, rollout: Rollout, args: Args, autocast) -> d
                         max_new_tokens=args.max_new_tokens,
                         kl_estimator=args.kl_estimator,
                     )
-                    # The loss is a mean over responses: weight each micro-batch by its share of the minibatch.
-                    (loss * len(inds) / minibatch_size).backward()
+                    # The loss is a mean over responses: weight each pass by its share of the minibatch.
+                    loss = loss * len(inds) / len(minibatch.rows)
+                    loss.backward()
+                step_loss += loss.item()
                 with torch.no_grad():
                     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
                     clipped = ((ratio - 1).abs() > args.clip_eps).float()
-                    stats["policy_loss"].append(loss.item())
-                    stats["clipfrac"].append(((clipped * mask).sum() / mask.sum().clamp(min=1)).item())
+                    # the tokens the trust region acts on: those of responses with signal (Â ≠ 0)
+                    signal = mask * (rollout.advantages[inds] != 0).unsqueeze(1)
+                    sums["signal_tokens"] += signal.sum().item()
+                    sums["clipped"] += (clipped * signal).sum().item()
                     if ref_logprobs is not None:
-                        kl = kl_penalty(logprobs, ref_logprobs, args.kl_estimator)
-                        stats["kl_ref"].append(masked_mean_per_response(kl, mask).mean().item())
+                        sums["tokens"] += mask.sum().item()
+                        sums["kl"] += (kl_penalty(logprobs, ref_logprobs, args.kl_estimator) * mask).sum().item()
+            if not minibatch.passes:  # no group with signal on any process: the gradient is 0
+                for p in trainable:
+                    p.grad = torch.zeros_like(p)
+            stats["policy_loss"].append(step_loss)
             stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm).item())
             optimizer.step()
+    # Token fractions of the whole update, over all processes: whatever the passes, the same numbers.
+    stats["clipfrac"] = [global_fraction(sums["clipped"], sums["signal_tokens"])]
+    if args.beta > 0:
+        stats["kl_ref"] = [global_fraction(sums["kl"], sums["tokens"])]
     return stats
 
 
 if __name__ == "__main__":
-    args = parse_args(Args)  # the flags left unset that depend on the model's scale are resolved as Args is built
+    args = parse_args(Args)
+    defaults = resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = resolve_model_path(args.model)
     rank, world_size, device = init_distributed(args.cuda)
@@ -454,7 +495,7 @@ if __name__ == "__main__":
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
               f"{batch_size * world_size} responses per iteration")
-        for line in args.defaults_used + few_shot_line(tokenizer, task, args.few_shot):
+        for line in defaults + few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
     log.begin()
@@ -469,29 +510,32 @@ if __name__ == "__main__":
             model.eval()
             pairs = task.prompts(prompts_per_process, rng)
             with autocast:
-                sequences, attention_mask, prompt_len, responses, mask, truncated = sample(
-                    model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size
-                )
-            texts = decode(tokenizer, responses, mask)
+                samples = sample(model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size)
+            texts = decode(tokenizer, samples.responses, samples.mask)
         targets = [target for _, target in pairs for _ in range(args.group_size)]
 
         # 4. Rewards and group-relative advantages, eq. (98).
         rewards = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
         advantages = compute_advantages(rewards, args.group_size)
 
+        # The update's minibatches are drawn first, so that π_θold is scored in the very passes of the first epoch.
+        epochs = [
+            draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size, args.beta == 0)
+            for epoch in range(args.update_epochs)
+        ]
         # Log-probs of the sampled tokens under π_θold and π_ref: fixed targets, no gradient.
         with log.phase("logprob"):
-            old_logprobs, ref_logprobs, entropies = score_responses(
-                model, ref_model, sequences, attention_mask, prompt_len, responses, args, autocast
-            )
+            old_logprobs, ref_logprobs = score_responses(model, ref_model, samples, epochs[0], args, autocast)
 
         # 5. E epochs of minibatch gradient steps on the clipped surrogate (eq. 99-100).
-        rollout = Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
+        rollout = Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages,
+                          old_logprobs, ref_logprobs)
         with log.phase("update"):
-            stats = update_policy(train_model, optimizer, rollout, args, autocast)
+            stats = update_policy(train_model, optimizer, rollout, epochs, args, autocast)
 
         # Log: the same tags in every group file, means over all processes; evaluate when due (common/llm.py).
-        scalars = rollout_stats(rewards, rewards, mask, truncated, entropies, args.group_size)
+        scalars = rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies,
+                                args.group_size)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
 
     if args.save_model and is_main:

@@ -18,7 +18,7 @@ import random
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -76,10 +76,6 @@ class ModelArgs:
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
 
-    def __post_init__(self):
-        # Runs whenever Args is built (by tyro from the command line too): the scale defaults are never left at None.
-        self.defaults_used = resolve_defaults(self)
-
 
 def parse_args(args_class):
     """The command line as an `args_class` (tyro: one flag per field, its docstring as help). A pipe closed early
@@ -104,8 +100,6 @@ SCALE_DEFAULTS = {
     "learning_rate": (3e-4, 1e-6, "TRL's GRPOConfig and DeepSeekMath's GRPO; with LoRA 1e-5, ~10× full fine-tuning's"),
     "max_new_tokens": (8, 256, "TRL's GRPOConfig max_completion_length"),
     "eval_size": (200, 100, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
-    # DAPO's L_cache: a fixed 3 tokens for the toy models; a real model's is 20 % of the cap (4096 of 20480 in the paper)
-    "overlong_buffer": (3, None, "DAPO: 4,096 of 20,480 tokens, i.e. a fifth of the cap"),
 }
 
 
@@ -116,13 +110,11 @@ def resolve_defaults(args) -> list[str]:
     embedded = is_embedded(args.model)
     lines = []
     for name, (toy, real, source) in SCALE_DEFAULTS.items():
-        if not hasattr(args, name) or getattr(args, name) is not None:
+        if getattr(args, name) is not None:
             continue
         value = toy if embedded else real
         if name == "learning_rate" and not embedded and args.lora_rank > 0:
             value = 1e-5
-        if name == "overlong_buffer" and not embedded:
-            value = max(args.max_new_tokens // 5, 0)
         setattr(args, name, value)
         lines.append(f"--{name.replace('_', '-')} {value}  ({'the embedded models' if embedded else source})")
     if args.few_shot is None and embedded:
@@ -364,21 +356,12 @@ def answer_stop(tokenizer, task, few_shot: Optional[int]) -> Optional[str]:
     return "\n\n" if multi_line else "\n"
 
 
-def stop_criteria(tokenizer, stop: Optional[str], prompt_len: int):
-    """For generate(): a row stops once its response holds `stop` (a few-shot base model's answer has ended), instead
-    of writing --max-new-tokens tokens of a question of its own that stop_mask then throws away. Only the last 8
-    tokens are decoded at each step (a stop string is a newline or two); the tokens before the stop are sampled as
-    without it, so the behaviour policy is unchanged. None when there is no stop string."""
-    if stop is None:
-        return None
-    from transformers import StoppingCriteria, StoppingCriteriaList
-
-    class StopString(StoppingCriteria):
-        def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
-            tails = tokenizer.batch_decode(input_ids[:, max(prompt_len, input_ids.shape[1] - 8):])
-            return torch.tensor([stop in tail for tail in tails], device=input_ids.device)
-
-    return StoppingCriteriaList([StopString()])
+def holds_stop(tokenizer, responses: Tensor, stop: str) -> Tensor:
+    """[N] True where the response so far holds `stop` (a few-shot base model's answer has ended): it then ends,
+    instead of writing --max-new-tokens tokens of a question of its own that stop_mask throws away. Only the last 8
+    tokens are decoded (a stop string is a newline or two)."""
+    tails = tokenizer.batch_decode(responses[:, -8:])
+    return torch.tensor([stop in tail for tail in tails], device=responses.device)
 
 
 def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
@@ -403,6 +386,12 @@ def decode(tokenizer, responses: Tensor, mask: Tensor) -> list[str]:
     """Response text after the prompt, up to the first EOS."""
     lengths = mask.sum(dim=1).long().tolist()
     return tokenizer.batch_decode([row[:n] for row, n in zip(responses.tolist(), lengths)], skip_special_tokens=True)
+
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Each token's position among the real tokens of its row, so that left padding shifts nothing (gpt2 has
+    absolute positions): [N, width]."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
@@ -457,41 +446,67 @@ def global_mean(value: float) -> float:
     return total.item() / torch.distributed.get_world_size()
 
 
-def signal_rows(mb_inds: Tensor, advantages: Tensor, beta: float) -> Tensor:
-    """The responses of a minibatch that the forward and backward passes must see.
-
-    With β = 0 a response whose advantage is 0 (its group's rewards were all equal) adds exactly 0 to the loss
-    and to its gradient: every term of every group objective is multiplied by its Â. So only the others are run
-    through the model, in minibatch order; the loss keeps the whole minibatch's normaliser, so the gradient is
-    the same, bit for bit up to summation order. On SmolLM2's addition runs half or more carry no signal.
-    DDP's backward is collective, so every process keeps the same number of rows: the largest count over the
-    processes, topped up with zero-advantage rows (they still add 0). With β > 0 every row has a KL gradient.
-    """
-    if beta != 0:
-        return mb_inds
-    has_signal = advantages[mb_inds] != 0
-    count = torch.tensor([int(has_signal.sum())])
+def global_fraction(part: float, whole: float) -> float:
+    """Σ part / Σ whole over all processes (itself in one process); 0 when the whole is 0."""
+    total = torch.tensor([part, whole], dtype=torch.float64)
     if torch.distributed.is_initialized():
-        count = count.to(collective_device())
-        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
-    first = torch.argsort((~has_signal).int(), stable=True)  # the signal rows first, each kind in minibatch order
-    return mb_inds[first[: int(count.item())]]
+        total = total.to(collective_device())
+        torch.distributed.all_reduce(total)
+    return (total[0] / total[1]).item() if total[1] > 0 else 0.0
+
+
+# ---------------------------------------------------------------- the update's minibatches
+
+class Minibatch(NamedTuple):
+    """One optimiser step: the responses it holds, and the passes (micro-batches) that run them through the model."""
+
+    rows: Tensor  # [minibatch size] indices of its responses
+    passes: list[Tensor]  # indices of at most --micro-batch-size responses each; with β = 0 only groups with signal
+
+
+def draw_minibatches(advantages: Tensor, group_size: int, num_minibatches: int, micro_batch_size: Optional[int],
+                     skip_no_signal: bool) -> list[Minibatch]:
+    """One epoch's minibatches, of whole groups drawn at random.
+
+    A group stays whole because its responses share their prompt: a pass then reads it once. With skip_no_signal
+    (β = 0), the groups whose advantages are all 0 run no pass: every term of every group objective is multiplied
+    by Â, so they add exactly 0 to the loss and the gradient. DDP's backward is collective, so every process runs
+    as many groups: the most of any process, topped up with groups without signal (they still add 0).
+    """
+    groups = advantages.view(-1, group_size)  # [B, G]
+    has_signal = (groups != 0).any(dim=1)  # [B]
+    offsets = torch.arange(group_size, device=advantages.device)
+    minibatches = []
+    for chosen in torch.randperm(len(groups), device=advantages.device).chunk(num_minibatches):
+        run = chosen
+        if skip_no_signal:
+            count = torch.tensor([int(has_signal[chosen].sum())])
+            if torch.distributed.is_initialized():
+                count = count.to(collective_device())
+                torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+            run = chosen[torch.argsort((~has_signal[chosen]).int(), stable=True)][: int(count.item())]  # signal first
+        rows, run_rows = ((g.unsqueeze(1) * group_size + offsets).flatten() for g in (chosen, run))  # [groups * G]
+        passes = list(run_rows.split(micro_batch_size or len(rows))) if len(run_rows) else []
+        minibatches.append(Minibatch(rows, passes))
+    return minibatches
 
 
 # ---------------------------------------------------------------- the bookkeeping of an iteration
 
-def rollout_stats(rewards: Tensor, accuracies: Tensor, mask: Tensor, truncated: Tensor, entropies: Tensor,
-                  group_size: int) -> dict:
+def rollout_stats(rewards: Tensor, accuracies: Tensor, advantages: Tensor, mask: Tensor, truncated: Tensor,
+                  entropies: Tensor, group_size: int) -> dict:
     """What one iteration's samples look like (this process's share): the tags every group file logs.
-    `accuracies` is the task's reward (1 = right); `rewards` may add shaping to it (DAPO's length penalty)."""
+    `accuracies` is the task's reward (1 = right); `rewards` are what the advantages are computed from (DAPO's
+    differ); `entropies` are those of π_θold where each token was sampled."""
     lengths, right = mask.sum(dim=1).float(), (accuracies == 1).float()
     return {
         "charts/reward": rewards.mean().item(),
+        "charts/train_accuracy": right.mean().item(),
         "charts/response_length": lengths.mean().item(),
         "charts/right_response_length": ((lengths * right).sum() / right.sum().clamp(min=1)).item(),  # 0 if none
         "charts/wrong_response_length": ((lengths * (1 - right)).sum() / (1 - right).sum().clamp(min=1)).item(),
-        # a group whose answers are all right or all wrong has Â = 0: it teaches nothing
-        "charts/zero_signal_fraction": (accuracies.view(-1, group_size).std(dim=1) == 0).float().mean().item(),
+        # a group whose advantages are all 0 teaches nothing (the update skips it with β = 0)
+        "charts/zero_signal_fraction": (advantages.view(-1, group_size) == 0).all(dim=1).float().mean().item(),
         "charts/truncated_fraction": truncated.float().mean().item(),
         "losses/entropy": ((entropies * mask).sum() / mask.sum().clamp(min=1)).item(),
     }
@@ -505,11 +520,13 @@ class IterationLog:
     """
 
     def __init__(self, run_name: str, hyperparameters: dict, num_iterations: int, eval_every: int,
-                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device):
+                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device,
+                 trust_stat: str = "clipfrac"):
         from torch.utils.tensorboard import SummaryWriter
 
         self.num_iterations, self.eval_every, self.responses = num_iterations, eval_every, responses_per_iteration
         self.evaluate, self.is_main, self.device = evaluate, is_main, device
+        self.trust_stat = f"losses/{trust_stat}"  # the update's trust-region statistic, shown on the console
         self.folder = os.path.join("runs", run_name)
         self.writer = SummaryWriter(self.folder) if is_main else None
         if is_main:
@@ -561,13 +578,11 @@ class IterationLog:
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
         held_out = f"  {self.held_out(iteration)}" if due else ""
         eta = (time.time() - self.start) / iteration * (self.num_iterations - iteration)
-        # the trust region's statistic: the clip fraction, or SAPO's mean gate (it has no clip), over the responses
-        # the update ran through the model (with β = 0, those with signal: signal_rows)
-        trust = "".join(f"  {tag[7:]} {logged[tag]:.3f}" for tag in ("losses/clipfrac", "losses/gate") if tag in logged)
         print(
-            f"iteration {iteration:4d}/{self.num_iterations}  reward {logged['charts/reward']:.3f}  "
+            f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
             f"length {logged['charts/response_length']:.1f}  truncated {logged['charts/truncated_fraction']:.2f}  "
-            f"no-signal {logged['charts/zero_signal_fraction']:.2f}{trust}  "
+            f"no-signal {logged['charts/zero_signal_fraction']:.2f}  "
+            f"{self.trust_stat[7:]} {logged.get(self.trust_stat, float('nan')):.3f}  {elapsed:.1f} s/it  "
             f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
         )
 

@@ -4,6 +4,8 @@ Shared by the gradient-accumulation and the two-process tests; not a test file i
 
 import torch
 
+from common.llm import draw_minibatches
+
 GROUP_SIZE = 4
 MAX_NEW_TOKENS = 8  # T_max of Dr. GRPO; the responses are this wide
 TEMPERATURE = 0.7  # ≠ 1, so an update that forgot the temperature would score other log-probs
@@ -24,31 +26,32 @@ def method_kwargs(module, args) -> dict:
     return {name: getattr(args, name) for name in names if name in module.policy_loss.__code__.co_varnames}
 
 
-def direct_logprobs(model, sequences, attention_mask, prompt_len, responses):
-    """log π(y_t | ...) at TEMPERATURE, written out independently of the files' response_logits/token_logprobs."""
+def direct_logprobs(model, prompt_ids, prompt_mask, responses, mask, group_size=GROUP_SIZE):
+    """log π(y_t | ...) at TEMPERATURE, written out independently of the files' response_logits/token_logprobs:
+    each response with its own copy of its group's prompt, [prompt; response] in one pass, padding masked."""
+    sequences = torch.cat([prompt_ids.repeat_interleave(group_size, dim=0), responses], dim=1)
+    attention_mask = torch.cat([prompt_mask.repeat_interleave(group_size, dim=0), mask.long()], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=sequences, attention_mask=attention_mask, position_ids=position_ids).logits
-    logits = logits[:, prompt_len - 1 : -1].float() / TEMPERATURE
+    logits = logits[:, prompt_ids.shape[1] - 1 : -1].float() / TEMPERATURE
     return torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
 
 
 def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1, no_signal: tuple = ()):
-    """Left-padded prompts, responses of unequal lengths (some all padding), off-policy old log-probs (so clips act),
-    a reference that differs from the policy (so the KL term acts), and group advantages of random 0/1 rewards;
-    the groups numbered in `no_signal` get equal rewards (advantages exactly 0)."""
+    """Left-padded prompts (one per group), responses of unequal lengths (some all padding), off-policy old
+    log-probs (so clips act), a reference that differs from the policy (so the KL term acts), and group advantages
+    of random 0/1 rewards; the groups numbered in `no_signal` get equal rewards (advantages exactly 0)."""
     generator = torch.Generator().manual_seed(seed)
     n, prompt_len = num_groups * GROUP_SIZE, 5
-    prompt_lengths = torch.randint(2, prompt_len + 1, (n,), generator=generator)
+    prompt_lengths = torch.randint(2, prompt_len + 1, (num_groups,), generator=generator)
     prompt_mask = (torch.arange(prompt_len) >= prompt_len - prompt_lengths.unsqueeze(1)).long()
+    prompt_ids = torch.randint(1, 40, (num_groups, prompt_len), generator=generator) * prompt_mask  # padding is 0
     lengths = torch.randint(1, MAX_NEW_TOKENS + 1, (n,), generator=generator)
     lengths[3] = MAX_NEW_TOKENS
     mask = (torch.arange(MAX_NEW_TOKENS) < lengths.unsqueeze(1)).float()
-    tokens = torch.randint(1, 40, (n, prompt_len + MAX_NEW_TOKENS), generator=generator)
-    sequences = tokens * torch.cat([prompt_mask, mask.long()], dim=1)  # padding is token 0
-    attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
-    responses = sequences[:, prompt_len:]
+    responses = torch.randint(1, 40, (n, MAX_NEW_TOKENS), generator=generator) * mask.long()
     with torch.no_grad():
-        logprobs = direct_logprobs(model, sequences, attention_mask, prompt_len, responses)
+        logprobs = direct_logprobs(model, prompt_ids, prompt_mask, responses, mask)
     old_logprobs = logprobs + 0.3 * torch.randn(logprobs.shape, generator=generator)
     ref_logprobs = logprobs + 0.5 * torch.randn(logprobs.shape, generator=generator)
     rewards = torch.randint(0, 2, (n,), generator=generator).float()
@@ -56,13 +59,21 @@ def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1, no_signal: 
     for group in no_signal:
         rewards[group * GROUP_SIZE : (group + 1) * GROUP_SIZE] = float(group % 2)  # all right or all wrong
     advantages = module.compute_advantages(rewards, GROUP_SIZE)
-    return module.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old_logprobs, ref_logprobs)
+    return module.Rollout(prompt_ids, prompt_mask, responses, mask, advantages, old_logprobs, ref_logprobs)
+
+
+def rows_of(module, rollout, groups):
+    """The rollout of the groups `groups` (a list or a slice of group indices), in that order."""
+    groups = torch.arange(len(rollout.prompt_ids))[groups]
+    rows = (groups.unsqueeze(1) * GROUP_SIZE + torch.arange(GROUP_SIZE)).flatten()
+    return module.Rollout(rollout.prompt_ids[groups], rollout.prompt_mask[groups],
+                          *(None if x is None else x[rows] for x in rollout[2:]))
 
 
 def shard(module, rollout, rank: int, world_size: int):
-    """The rows of process `rank`: whole groups, equal shares."""
-    rows = slice(rank * len(rollout.responses) // world_size, (rank + 1) * len(rollout.responses) // world_size)
-    return module.Rollout(*(x if isinstance(x, int) else x[rows] for x in rollout))
+    """The groups of process `rank`: whole groups, equal shares."""
+    num_groups = len(rollout.prompt_ids)
+    return rows_of(module, rollout, slice(rank * num_groups // world_size, (rank + 1) * num_groups // world_size))
 
 
 def update_args(module, micro_batch_size=None, **overrides):
@@ -72,18 +83,30 @@ def update_args(module, micro_batch_size=None, **overrides):
     return module.Args(**{**fields, **overrides})
 
 
+def draw_epochs(rollout, args):
+    """The update's minibatches, drawn as the main loop draws them."""
+    return [draw_minibatches(rollout.advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
+                             args.beta == 0) for epoch in range(args.update_epochs)]
+
+
+def update(module, model, optimizer, rollout, args, autocast=None):
+    """One update_policy call on minibatches drawn as the main loop draws them; returns its stats."""
+    autocast = autocast or torch.autocast("cpu", enabled=False)
+    return module.update_policy(model, optimizer, rollout, draw_epochs(rollout, args), args, autocast)
+
+
 def sgd_step(module, model, rollout, args, seed: int = 2) -> dict:
     """Parameters after one update_policy call with SGD at learning rate 1: θ − ∇loss."""
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     torch.manual_seed(seed)
-    module.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    update(module, model, optimizer, rollout, args)
     target = getattr(model, "module", model)  # DDP wraps the model
     return {name: p.detach().clone() for name, p in target.named_parameters()}
 
 
 def direct_step(module, model, rollout, args) -> dict:
     """θ − ∇loss with the loss computed in one piece on the whole batch, straight from policy_loss."""
-    logprobs = direct_logprobs(model, rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses)
+    logprobs = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
     loss = module.policy_loss(logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask, ref_logprobs=rollout.ref_logprobs,
                               beta=args.beta, kl_estimator=args.kl_estimator, **method_kwargs(module, args))
     grads = torch.autograd.grad(loss, list(model.parameters()))

@@ -8,6 +8,8 @@ What each one brings, as on the hub:
 - qwen2: tied embeddings and pad = eos (a base model), grouped-query attention.
 - qwen3: a chat template whose end-of-turn token <|im_end|> is in generation_config's EOS list next to
   the tokenizer's EOS <|endoftext|>, q/k norms.
+- opt: learned positions with an offset of 2, a pad token of its own, tied embeddings.
+- gpt_neox: rotary positions on a quarter of each head, parallel attention and MLP, untied embeddings.
 """
 
 import os
@@ -17,7 +19,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-ARCHITECTURES = ["gpt2", "llama", "qwen2", "qwen3"]
+ARCHITECTURES = ["gpt2", "llama", "qwen2", "qwen3", "opt", "gpt_neox"]
 
 
 def make_tokenizer(chat: bool, eos: str, pad: str | None):
@@ -56,6 +58,15 @@ def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) ->
     elif arch == "qwen3":
         tokenizer = make_tokenizer(chat=True, eos="<|endoftext|>", pad="<|endoftext|>")
         kwargs = dict(small, head_dim=8, attention_dropout=dropout, tie_word_embeddings=True)
+    elif arch == "opt":
+        tokenizer = make_tokenizer(chat=False, eos="</s>", pad="<unk>")
+        kwargs = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
+                      word_embed_proj_dim=32, dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
+                      pad_token_id=tokenizer.pad_token_id)
+    elif arch == "gpt_neox":
+        tokenizer = make_tokenizer(chat=False, eos="<|endoftext|>", pad=None)
+        kwargs = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=512, rotary_pct=0.25, attention_dropout=dropout, hidden_dropout=dropout)
     else:
         raise ValueError(arch)
     eos_id = tokenizer.eos_token_id

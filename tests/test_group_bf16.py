@@ -16,7 +16,7 @@ import grpo
 import gspo
 import sapo
 from common import llm
-from fixed_rollouts import fixed_rollout, tiny_gpt2, update_args
+from fixed_rollouts import draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
 from hub_like_models import make_model_folder
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
@@ -31,10 +31,18 @@ def folders(tmp_path_factory):
     return {arch: make_model_folder(arch, root / arch, dropout=0.0) for arch in ARCHITECTURES}
 
 
-def batch(tokenizer, seed=0, n=8, width=20, prompt_len=6):
+def batch(tokenizer, seed=0, n=8, width=20, prompt_len=6, group_size=4):
+    """Random prompts (one per group of 4) and responses: prompt_ids, prompt_mask, prompt index of each row, responses."""
     torch.manual_seed(seed)
-    sequences = torch.randint(3, len(tokenizer) - 1, (n, width))
-    return sequences, torch.ones_like(sequences), prompt_len, sequences[:, prompt_len:]
+    prompt_ids = torch.randint(3, len(tokenizer) - 1, (n // group_size, prompt_len))
+    responses = torch.randint(3, len(tokenizer) - 1, (n, width - prompt_len))
+    return prompt_ids, torch.ones_like(prompt_ids), torch.arange(n) // group_size, responses
+
+
+def logprobs(model, tokens, temperature):
+    prompt_ids, prompt_mask, index, responses = tokens
+    return grpo.token_logprobs(grpo.response_logits(model, prompt_ids, prompt_mask, index, responses, temperature),
+                               responses)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -46,9 +54,9 @@ def test_the_output_layer_runs_in_float32_under_autocast(arch, folders):
         head = model.get_output_embeddings()
         seen = {}
         head.register_forward_hook(lambda module, inputs, output: seen.update(hidden=inputs[0], logits=output))
-        sequences, attention_mask, prompt_len, _ = batch(tokenizer)
+        prompt_ids, prompt_mask, _, _ = batch(tokenizer)
         with torch.no_grad(), BF16:
-            model(input_ids=sequences, attention_mask=attention_mask)
+            model(input_ids=prompt_ids, attention_mask=prompt_mask)
         exact = F.linear(seen["hidden"].float(), head.weight.float())
         if float32_logits:
             assert seen["logits"].dtype == torch.float32 and torch.equal(seen["logits"], exact)
@@ -61,11 +69,11 @@ def test_logprobs_under_bf16_autocast_are_within_1e_3_of_float32(arch, folders):
     """The rest of the network still runs in bfloat16: token log-probs stay within 1e-3 of the float32 ones on these
     models (measured: at most 5.3e-4; with a bfloat16 output layer up to 2.7e-3)."""
     tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
-    sequences, attention_mask, prompt_len, responses = batch(tokenizer)
+    tokens = batch(tokenizer)
     with torch.no_grad():
-        exact = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 0.7), responses)
+        exact = logprobs(model, tokens, 0.7)
         with BF16:
-            rounded = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 0.7), responses)
+            rounded = logprobs(model, tokens, 0.7)
     assert rounded.dtype == torch.float32
     assert (rounded - exact).abs().max() < 1e-3
 
@@ -79,12 +87,13 @@ def test_first_minibatch_ratio_is_one_under_bf16_autocast(name):
     llm.float32_output_layer(model)
     rollout = fixed_rollout(module, model, num_groups=4)
     args = update_args(module, num_minibatches=4, beta=0.0)
-    with torch.no_grad():
-        old, _, _ = module.score_responses(model, None, rollout.sequences, rollout.attention_mask, rollout.prompt_len,
-                                           rollout.responses, args, BF16)
+    epochs = draw_epochs(rollout, args)
+    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None)
+    old, _ = module.score_responses(model, None, samples, epochs[0], args, BF16)
     rollout = rollout._replace(old_logprobs=old, ref_logprobs=None)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    stats = module.update_policy(model, optimizer, rollout, args, BF16)
+    first = epochs[0][:1]  # the first step alone: its ratio against π_θold is 1 exactly, where nothing moved yet
+    stats = module.update_policy(model, optimizer, rollout, [first], args, BF16)
     if name == "sapo":
         assert stats["gate"][0] == 1.0
     else:
@@ -112,15 +121,16 @@ def test_lora_base_weights_in_bf16_adapters_and_adam_in_float32(arch, folders):
     assert model.get_output_embeddings().weight.dtype == torch.float32  # the float32 output layer
     assert torch.equal(model.get_input_embeddings().weight, embeddings_before)
     # one update step on the autocast path: the adapters move, Adam's moments are float32, the base stays
-    sequences, attention_mask, prompt_len, responses = batch(tokenizer, n=8)
+    tokens = batch(tokenizer, n=8)
+    prompt_ids, prompt_mask, _, responses = tokens
     mask = torch.ones(responses.shape)
     advantages = grpo.compute_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * 2), 4)
     with torch.no_grad(), BF16:
-        old = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-    rollout = grpo.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old, None)
+        old = logprobs(model, tokens, 1.0)
+    rollout = grpo.Rollout(prompt_ids, prompt_mask, responses, mask, advantages, old, None)
     base_before = [p.detach().clone() for p in frozen_linear]
     optimizer = torch.optim.Adam(trainable, lr=1e-2)
-    grpo.update_policy(model, optimizer, rollout, update_args(grpo, group_size=4, beta=0.0, temperature=1.0), BF16)
+    update(grpo, model, optimizer, rollout, update_args(grpo, group_size=4, beta=0.0, temperature=1.0), BF16)
     assert all(torch.equal(p, q) for p, q in zip(frozen_linear, base_before))
     assert all(state["exp_avg"].dtype == torch.float32 for state in optimizer.state.values()) and optimizer.state
 
@@ -136,10 +146,9 @@ def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(fo
     assert linear and all(m.weight.dtype == torch.bfloat16 for m in linear)
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the policy is untouched
     assert ref_model.get_output_embeddings().weight.dtype == torch.float32
-    sequences, attention_mask, prompt_len, responses = batch(tokenizer)
+    tokens = batch(tokenizer)
     with torch.no_grad(), BF16:
-        policy = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-        reference = grpo.token_logprobs(grpo.response_logits(ref_model, sequences, attention_mask, prompt_len, 1.0), responses)
+        policy, reference = logprobs(model, tokens, 1.0), logprobs(ref_model, tokens, 1.0)
     assert torch.equal(policy, reference)
 
 
@@ -180,19 +189,25 @@ def test_float32_output_layer_upcasts_a_bfloat16_input():
     assert logits.dtype == torch.float32 and torch.equal(logits, F.linear(hidden.float(), head.weight))
 
 
+@pytest.mark.parametrize("micro_batch_size", [None, 2, 8])
 @pytest.mark.parametrize("name", list(MODULES))
-def test_old_logprobs_are_scored_in_the_update_s_batch_shape(name, monkeypatch):
-    """On a GPU the kernels round differently for other batch shapes: π_θold is scored in batches of the update's
-    minibatch (or micro-batch) size, not on the whole rollout at once."""
+def test_old_logprobs_are_scored_in_the_passes_of_the_first_epoch(name, micro_batch_size, monkeypatch):
+    """On a GPU the kernels round differently for other batch shapes: π_θold is scored in the very passes (the same
+    responses, in the same order and shapes) that the first epoch of the update runs, not on the whole rollout."""
     module = MODULES[name]
     model = tiny_gpt2()
-    rollout = fixed_rollout(module, model, num_groups=4)  # 16 responses
-    shapes, real = [], module.response_logits
-    monkeypatch.setattr(module, "response_logits",
-                        lambda model, sequences, *rest: shapes.append(len(sequences)) or real(model, sequences, *rest))
-    for micro_batch_size, expected in ((None, 4), (2, 2)):
-        shapes.clear()
-        args = update_args(module, micro_batch_size=micro_batch_size, num_minibatches=4)
-        module.score_responses(model, None, rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses,
-                               args, torch.autocast("cpu", enabled=False))
-        assert shapes == [expected] * (16 // expected)
+    rollout = fixed_rollout(module, model, num_groups=4, no_signal=(2,))  # 16 responses
+    calls, real = [], module.response_logits
+    monkeypatch.setattr(module, "response_logits", lambda model, prompt_ids, prompt_mask, index, responses, *rest:
+                        calls.append((index.tolist(), responses.tolist())) or real(model, prompt_ids, prompt_mask,
+                                                                                     index, responses, *rest))
+    args = update_args(module, micro_batch_size=micro_batch_size, num_minibatches=2, beta=0.0)
+    epochs = draw_epochs(rollout, args)
+    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None)
+    module.score_responses(model, None, samples, epochs[0], args, torch.autocast("cpu", enabled=False))
+    scoring = list(calls)
+    calls.clear()
+    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, epochs, args,
+                         torch.autocast("cpu", enabled=False))
+    assert scoring == calls and len(calls) >= 2
+    assert sum(len(index) for index, _ in scoring) == 12  # the group without signal is neither scored nor run

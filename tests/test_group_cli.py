@@ -8,6 +8,7 @@ import sys
 import pytest
 
 import dapo
+from common import llm
 import dr_grpo
 import gspo
 import sapo
@@ -44,7 +45,9 @@ def test_smoke_run_writes_tensorboard(script, tmp_path):
 )
 def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
     with pytest.raises(SystemExit) as e:
-        module.check_args(module.Args(**{field: value}))
+        args = module.Args(**{field: value})
+        llm.resolve_defaults(args)  # as the main block does, before the checks
+        module.check_args(args)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message
 

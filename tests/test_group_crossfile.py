@@ -42,7 +42,7 @@ F64 = torch.float64
 
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
 # method. (What is not the method lives once in common/llm.py.)
-SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits",
+SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits", "Samples",
           "token_logprobs", "entropy", "response_mask", "sample", "evaluate", "Rollout", "score_responses"]
 
 
@@ -376,42 +376,37 @@ def test_dapo_naive_micro_batch_token_means_differ_when_lengths_differ():
 
 # ---------------------------------------------------------------- 9. DAPO dynamic sampling
 
-def test_dapo_signal_rule_is_nonzero_advantage():
-    """Dynamic sampling drops the groups whose rewards are all equal because their advantages are exactly 0
-    (eq. 90-91: no gradient). The rule in dapo.py's main loop must flag exactly the groups with a nonzero
-    advantage under dapo.compute_advantages, including rewards shifted by the overlong penalty."""
+def test_dapo_filter_keeps_the_groups_whose_accuracy_advantages_are_not_zero():
+    """Dynamic sampling drops the groups whose answers are all right or all wrong: their accuracies are equal, so
+    the advantages of the accuracies are exactly 0 (eq. 90-91: no gradient). dapo.has_mixed_answers must flag
+    exactly the groups with a nonzero advantage under dapo.compute_advantages of the accuracies."""
     group_size, g = 4, torch.Generator().manual_seed(17)
-    rewards = torch.randint(0, 2, (40 * group_size,), generator=g).float()  # many all-0 / all-1 groups
-    lengths = torch.randint(1, 9, (40 * group_size,), generator=g).float()
-    shaped = rewards + dapo.overlong_penalty(lengths, 8, 3)
-    # seven equal rewards of 0.1: their float mean is not exactly 0.1, yet the group has no signal
+    accuracies = torch.randint(0, 2, (40 * group_size,), generator=g).float()  # many all-0 / all-1 groups
+    # seven equal values of 0.1: their float mean is not exactly 0.1, yet the group has no signal
     equal = torch.cat([torch.full((7,), 0.1), torch.tensor([0.1, 0.1, 0.1, 0.2, 0.1, 0.1, 0.1])])
-    for r, size in ((rewards, group_size), (shaped, group_size), (equal, 7)):
-        signal = dapo.has_signal(r, size).view(-1, size)[:, 0]
+    for r, size in ((accuracies, group_size), (equal, 7)):
+        mixed = dapo.has_mixed_answers(r, size)
         nonzero = (dapo.compute_advantages(r, size).view(-1, size) != 0).any(dim=1)
-        assert torch.equal(signal, nonzero)
-    assert signal.tolist() == [False, True]
-    assert (~dapo.has_signal(rewards, group_size)).sum() > 5 * group_size  # the test data has zero-signal groups
+        assert torch.equal(mixed, nonzero)
+    assert mixed.tolist() == [False, True]
+    assert (~dapo.has_mixed_answers(accuracies, group_size)).sum() > 5  # the test data has groups without signal
 
 
-def test_dapo_fill_batch_puts_signal_groups_first_and_keeps_groups_whole():
-    """dapo.fill_batch picks the batch rows: every signal group (in sampling order) before any zero-signal
-    group, so a batch never holds a zero-signal group while a signal group was left out; groups stay whole."""
+def test_dapo_fill_batch_puts_mixed_groups_first():
+    """dapo.fill_batch picks the batch's groups: every group with mixed answers (in sampling order) before any
+    other, so a batch never holds a group without signal while a group with signal was left out."""
     group_size = 4
-    # 6 groups sampled over two rounds; groups 1, 3 and 4 have signal
-    rewards = torch.tensor([1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1.0])
-    signal = dapo.has_signal(rewards, group_size)
-    assert signal.view(-1, group_size)[:, 0].tolist() == [False, True, False, True, True, False]
-    keep = dapo.fill_batch(signal, batch_size=8)  # room for 2 groups: the first two signal groups
-    assert keep.tolist() == [4, 5, 6, 7, 12, 13, 14, 15] and signal[keep].all()
-    keep = dapo.fill_batch(signal, batch_size=16)  # 3 signal groups, then the first zero-signal group fills
-    assert keep.tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 16, 17, 18, 19, 0, 1, 2, 3]
-    assert signal[keep].tolist() == [True] * 12 + [False] * 4
+    # 6 groups sampled over two rounds; groups 1, 3 and 4 have mixed answers
+    accuracies = torch.tensor([1, 1, 1, 1, 0, 1, 0, 0, 0, 0, 0, 0, 1, 0, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1.0])
+    mixed = dapo.has_mixed_answers(accuracies, group_size)
+    assert mixed.tolist() == [False, True, False, True, True, False]
+    assert dapo.fill_batch(mixed, 2).tolist() == [1, 3]  # room for 2 groups: the first two mixed ones
+    assert dapo.fill_batch(mixed, 4).tolist() == [1, 3, 4, 0]  # 3 mixed groups, then the first other group fills
 
 
 def test_dapo_zero_signal_rows_get_no_gradient():
-    """A shortfall in dynamic sampling is filled with zero-signal groups whose loss mask is 0
-    (dapo.py: loss_mask = mask * signal): they add nothing to the loss, its gradient or eq. (102)'s token count."""
+    """A shortfall in dynamic sampling is filled with groups without mixed answers whose loss mask is 0
+    (dapo.py: loss_mask = mask * mixed): they add nothing to the loss, its gradient or eq. (102)'s token count."""
     old, logprobs, advantages, mask = batch(18, num_responses=8)
     signal = torch.tensor([1, 1, 1, 1, 0, 0, 0, 0], dtype=F64)
     loss_mask = mask * signal.unsqueeze(1)
@@ -424,7 +419,7 @@ def test_dapo_zero_signal_rows_get_no_gradient():
 
 def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
     """dapo.py end to end on the embedded model: the dynamic-sampling tags are written every iteration,
-    within their ranges (1 ≤ rounds ≤ --max-sampling-rounds, signal fraction in [0, 1])."""
+    within their ranges (1 ≤ rounds ≤ --max-sampling-rounds, the share of groups with mixed answers in [0, 1])."""
     if not os.path.exists(os.path.join(TINY, "config.json")):
         pytest.skip("common/models/tiny_model/ is not there yet (it is being trained): no embedded model to run dapo.py on")
     result = subprocess.run(
@@ -439,7 +434,7 @@ def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     rounds = [e.value for e in acc.Scalars("charts/sampling_rounds")]
-    fraction = [e.value for e in acc.Scalars("charts/signal_group_fraction")]
+    fraction = [e.value for e in acc.Scalars("charts/mixed_group_fraction")]
     assert len(rounds) == 2 and all(1 <= r <= dapo.Args.max_sampling_rounds for r in rounds)
     assert len(fraction) == 2 and all(0.0 <= f <= 1.0 for f in fraction)
 

@@ -15,6 +15,7 @@ import grpo
 import gspo
 import sapo
 from fixed_rollouts import GROUP_SIZE, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+from common import llm
 from conftest import ROOT
 
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
@@ -81,6 +82,33 @@ def test_two_processes_with_unequal_signal_take_the_one_process_step(module, mic
     assert (rollout.advantages[: 2 * GROUP_SIZE] != 0).sum() == GROUP_SIZE and (rollout.advantages[2 * GROUP_SIZE :] == 0).all()
     expected = direct_step(module, model, rollout, update_args(module, beta=0.0))
     assert_same_parameters(steps[module.__name__, micro_batch_size, "beta 0"], expected, initial)
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_two_processes_skipping_groups_without_signal_take_the_one_process_adam_steps(module, micro_batch_size, torchrun):
+    """β = 0, Adam, 2 epochs × 2 minibatches, the processes holding unequal numbers of groups with signal (on some
+    steps one process has none): skipping those groups gives the parameters of running them all, and both give
+    the one-process update on the same minibatches (each process draws its own groups' order: here, the same one)."""
+    _, steps, _ = torchrun
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model, num_groups=8, no_signal=(1, 2, 4, 5, 7))
+    args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
+    torch.manual_seed(3)  # as adam_update seeds before each process draws the order of its 4 groups, once per epoch
+    epochs = []
+    for order in [torch.randperm(4) for epoch in range(2)]:
+        minibatches = []
+        for half in (order[:2], order[2:]):
+            groups = torch.cat([half, half + 4])  # the same places in each process's share: groups 0-3 and 4-7
+            rows = (groups.unsqueeze(1) * GROUP_SIZE + torch.arange(GROUP_SIZE)).flatten()
+            minibatches.append(llm.Minibatch(rows, [rows]))
+        epochs.append(minibatches)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
+    module.update_policy(model, optimizer, rollout, epochs, args, torch.autocast("cpu", enabled=False))
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    for skip in (True, False):
+        assert_same_parameters(steps[module.__name__, micro_batch_size, "adam", skip], expected, initial)
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)

@@ -70,23 +70,19 @@ def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_end
 
 
 def test_generation_stops_a_row_once_its_answer_has_ended(folders):
-    """A few-shot base model's row stops when its response holds the stop string; a chat model (no stop) has none."""
+    """A few-shot base model's row stops when its response holds the stop string (sample() asks after every new
+    token); the prompt's own newlines do not count, since only the response is read."""
     tokenizer = tokenizer_of(folders["gpt2"])
-    prompt = tokenizer(["Question: 1+1=\nAnswer:"] * 3, return_tensors="pt")["input_ids"]
     responses = [" 2\nQuestion: 7", " 2 and some more", " 3\n"]
     rows = [tokenizer(r, add_special_tokens=False)["input_ids"] for r in responses]
     width = max(map(len, rows))
-    rows = [r + [tokenizer.eos_token_id] * (width - len(r)) for r in rows]
-    (criterion,) = llm.stop_criteria(tokenizer, "\n", prompt.shape[1])
-    # generate() asks after every new token: the first step at which each row says "stop"
+    rows = torch.tensor([r + [tokenizer.eos_token_id] * (width - len(r)) for r in rows])
     first_stop = [None] * 3
     for t in range(1, width + 1):
-        flags = criterion(torch.cat([prompt, torch.tensor(rows)[:, :t]], dim=1), None).tolist()
+        flags = llm.holds_stop(tokenizer, rows[:, :t], "\n").tolist()
         first_stop = [step if step is not None else (t if flag else None) for step, flag in zip(first_stop, flags)]
-    expected = [next((t for t in range(1, len(r) + 1) if "\n" in tokenizer.decode(r[:t])), None) for r in rows]
+    expected = [next((t for t in range(1, len(r) + 1) if "\n" in tokenizer.decode(r[:t])), None) for r in rows.tolist()]
     assert first_stop == expected and expected[0] is not None and expected[1] is None and expected[2] is not None
-    assert not criterion(prompt, None).any()  # the prompt's own newlines do not count
-    assert llm.stop_criteria(tokenizer, None, prompt.shape[1]) is None
 
 
 def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
@@ -120,7 +116,8 @@ def test_every_task_runs_on_a_base_and_a_chat_model(arch, task_name, folders, tm
 
 
 def test_embedded_model_keeps_its_bare_prompts(tmp_path, in_process):
-    out = in_process("grpo.py", ["--num-iterations", "1", "--prompts-per-iteration", "2", "--eval-size", "4"])[1]
+    out = in_process("grpo.py", ["--num-iterations", "1", "--prompts-per-iteration", "2", "--num-minibatches", "2",
+                                 "--eval-size", "4"])[1]
     assert "the model reads (first held-out prompt): '" in out
     seen = out.split("the model reads (first held-out prompt): ")[1].splitlines()[0]
     assert seen.endswith("='") and "Question" not in seen
@@ -144,7 +141,8 @@ def test_eval_task_file_is_the_held_out_set(tmp_path, in_process):
     train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
     train.write_text("".join(f'{{"question": "{a}+{a}=", "answer": {2 * a}}}\n' for a in range(10, 40)))
     test.write_text('{"question": "9+9=", "answer": 18}\n')
-    flags = ["--task", str(train), "--eval-task", str(test), "--num-iterations", "1", "--prompts-per-iteration", "2"]
+    flags = ["--task", str(train), "--eval-task", str(test), "--num-iterations", "1", "--prompts-per-iteration", "2",
+             "--num-minibatches", "1"]
     out = in_process("grpo.py", flags)[1]
     assert "the model reads (first held-out prompt): '9+9='" in out and "iteration    1/1" in out
 

@@ -1,4 +1,4 @@
-"""The five group files on real architectures (random tiny GPT-2, Llama, Qwen2, Qwen3 built here, no download):
+"""The five group files on real architectures (random tiny GPT-2, Llama, Qwen2, Qwen3, OPT, NeoX built here, no download):
 dropout off, left padding, end-of-turn tokens, one iteration of every file in-process, LoRA, and the loading
 errors a user without network or with custom-code models meets."""
 
@@ -33,9 +33,23 @@ def folders(tmp_path_factory):
 
 def sample_batch(module, tokenizer, model, seed=0, num_samples=8, max_new_tokens=8):
     torch.manual_seed(seed)
-    args = module.Args(max_new_tokens=max_new_tokens)
+    args = module.Args(max_new_tokens=max_new_tokens, few_shot=0)
     prompts = ["7+5=", "123+45=", "9="]  # prompts of different lengths: the batch is left-padded
     return args, module.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=num_samples)
+
+
+def logprobs_of(module, model, samples, num_samples, share_prompt=True, temperature=1.0):
+    """log π of the sampled tokens, every response in one pass: [N, T]."""
+    index = torch.arange(len(samples.responses)) // num_samples
+    logits = module.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses,
+                                    temperature, share_prompt)
+    return module.token_logprobs(logits, samples.responses)
+
+
+def one_pass(samples):
+    """A first epoch of one minibatch run in one pass: score_responses then scores every response."""
+    rows = torch.arange(len(samples.responses))
+    return [llm.Minibatch(rows, [rows])]
 
 
 # ---------------------------------------------------------------- dropout: the ratio at the first update is 1
@@ -45,12 +59,11 @@ def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
     """Sampling and π_θold's log-probs run in eval mode, the update in train mode: with gpt2's dropout 0.1
     left on, the ratio at the first update would be noise (clip fraction ≈ 0.5 on a real GPT-2)."""
     tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
-    args, (sequences, attention_mask, prompt_len, responses, mask, _) = sample_batch(module, tokenizer, model)
-    old_logprobs, _, _ = module.score_responses(model, None, sequences, attention_mask, prompt_len, responses, args,
-                                                torch.autocast("cpu", enabled=False))
+    args, samples = sample_batch(module, tokenizer, model)
+    old_logprobs, _ = module.score_responses(model, None, samples, one_pass(samples), module.Args(group_size=8),
+                                             torch.autocast("cpu", enabled=False))
     model.train()
-    logprobs = module.token_logprobs(module.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-    ratio = torch.exp(logprobs - old_logprobs)[mask.bool()]
+    ratio = torch.exp(logprobs_of(module, model, samples, 8) - old_logprobs)[samples.mask.bool()]
     assert (ratio - 1).abs().max() < 1e-6
 
 
@@ -63,31 +76,78 @@ def test_architecture_left_padding_dropout_and_eos(arch, folders):
     eos_ids = llm.eos_token_ids(model, tokenizer)
     if arch == "qwen3":  # the end of turn counts as an end, next to the tokenizer's EOS
         assert set(eos_ids) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    args, (sequences, attention_mask, prompt_len, responses, mask, truncated) = sample_batch(grpo, tokenizer, model, num_samples=16)
+    args, samples = sample_batch(grpo, tokenizer, model, num_samples=16)
+    mask = samples.mask
 
     # A left-padded row scores its response exactly as it would alone, without padding.
-    batch = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-    for row in range(0, len(sequences), 5):
-        keep = attention_mask[row].bool()
-        alone_seq = sequences[row][keep].unsqueeze(0)
-        n_pad, n = int((~keep[:prompt_len]).sum()), int(mask[row].sum())
-        logits = grpo.response_logits(model, alone_seq, torch.ones_like(alone_seq), prompt_len - n_pad, 1.0)
-        alone = grpo.token_logprobs(logits, responses[row : row + 1, :n])
+    batch = logprobs_of(grpo, model, samples, 16)
+    for row in range(0, len(samples.responses), 5):
+        prompt = samples.prompt_ids[row // 16][samples.prompt_mask[row // 16].bool()].unsqueeze(0)
+        n = int(mask[row].sum())
+        alone = grpo.token_logprobs(grpo.response_logits(model, prompt, torch.ones_like(prompt), torch.tensor([0]),
+                                                         samples.responses[row : row + 1, :n], 1.0), samples.responses[row : row + 1, :n])
         torch.testing.assert_close(batch[row, :n], alone[0], atol=1e-5, rtol=1e-5)
 
     # The first EOS is inside the mask, and nothing after it (pad = eos in qwen2 and gpt2).
-    finished = (~truncated).nonzero().flatten()
+    finished = (~samples.truncated).nonzero().flatten()
     assert len(finished) >= 3, "the fixture should sample some responses that end"
     for row in finished.tolist():
         length = int(mask[row].sum())
-        assert responses[row, length - 1].item() in eos_ids
-        assert not any(t in eos_ids for t in responses[row, : length - 1].tolist())
+        assert samples.responses[row, length - 1].item() in eos_ids
+        assert not any(t in eos_ids for t in samples.responses[row, : length - 1].tolist())
         assert mask[row, length:].sum() == 0
 
     # Train mode (the update) scores like eval mode (sampling): the ratio at the first update is 1.
     model.train()
-    train_logprobs = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-    assert (torch.exp(train_logprobs - batch)[mask.bool()] - 1).abs().max() < 1e-6
+    assert (torch.exp(logprobs_of(grpo, model, samples, 16) - batch)[mask.bool()] - 1).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_each_prompt_read_once_gives_the_log_probs_and_gradient_of_prompt_and_response_whole(arch, folders):
+    """The update reads a group's prompt once and lets its responses attend to the cached keys and values:
+    the log-probs and the gradient of a loss on them equal those of each response run with its own copy of the
+    prompt (share_prompt=False), on every architecture (left padding, absolute or rotary positions, OPT's offset)."""
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    args, samples = sample_batch(grpo, tokenizer, model, num_samples=4)
+    model.train()
+    mask = samples.mask
+    results = []
+    for share_prompt in (True, False):
+        logprobs = logprobs_of(grpo, model, samples, 4, share_prompt, temperature=0.7)
+        loss = -(logprobs * mask).sum() / mask.sum()
+        grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad])
+        results.append((logprobs.detach(), torch.cat([g.flatten() for g in grads])))
+    (shared, shared_grad), (plain, plain_grad) = results
+    assert (shared - plain)[mask.bool()].abs().max() < 1e-5
+    assert (shared_grad - plain_grad).norm() / plain_grad.norm() < 1e-5
+
+
+def test_sampling_reads_each_prompt_once_and_draws_what_generate_draws(folders):
+    """sample() prefills each prompt once and copies its keys and values G times; with the same seed it draws the
+    very tokens that Hugging Face's generate() draws with each prompt repeated G times (sampling at temperature
+    0.7, no top-k or top-p), and the prefill runs once per prompt, not once per response."""
+    tokenizer, model = llm.load_policy("embedded", os.path.join(ROOT, "common", "models", "tiny_model"), CPU)
+    prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
+    args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=0.7)
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True)
+    torch.manual_seed(3)
+    samples = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8)
+    hook.remove()
+    assert widths[0] == samples.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])  # prefill [B, P], then [N, 1]
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    torch.manual_seed(3)
+    reference = model.generate(input_ids=enc["input_ids"].repeat_interleave(8, 0),
+                               attention_mask=enc["attention_mask"].repeat_interleave(8, 0), max_new_tokens=8,
+                               do_sample=True, temperature=0.7, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
+                               eos_token_id=llm.eos_token_ids(model, tokenizer))[:, enc["input_ids"].shape[1] :]
+    assert torch.equal(samples.responses, reference[:, : samples.responses.shape[1]])
+    assert len(set(map(tuple, samples.responses.tolist()))) > 8  # the draws differ within a group
+    # the entropies logged are those of π_θold at the temperature where each token was drawn
+    index = torch.arange(32) // 8
+    logits = grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses, 0.7)
+    entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(samples.entropies[samples.mask.bool()], entropy[samples.mask.bool()], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -97,10 +157,9 @@ def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folder
              "--num-minibatches", "2", "--max-new-tokens", "6", "--eval-size", "4", "--beta", "0.04"]
     _, out = in_process(module.__name__, flags)
     line = out.split("iteration    1/1")[1]
-    reward, length = float(line.split("reward")[1].split()[0]), float(line.split("length")[1].split()[0])
-    assert -2 <= reward <= 1 and 1 <= length <= 6
-    # A random model answers nothing right: dapo finds no group with signal and rightly takes no step (clipfrac nan).
-    assert "nan" not in line or module is dapo
+    accuracy, length = float(line.split("accuracy")[1].split()[0]), float(line.split("length")[1].split()[0])
+    assert 0 <= accuracy <= 1 and 1 <= length <= 6
+    assert "nan" not in line
 
 
 # ---------------------------------------------------------------- LoRA
@@ -108,17 +167,23 @@ def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folder
 @pytest.fixture
 def lora_gpt2(folders):
     tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
-    args = grpo.Args(lora_rank=4, lora_alpha=8.0, beta=0.04, max_new_tokens=8, num_minibatches=1, learning_rate=1e-2)
+    args = grpo.Args(lora_rank=4, lora_alpha=8.0, beta=0.04, max_new_tokens=8, num_minibatches=1, learning_rate=1e-2,
+                     group_size=4, few_shot=0)
     return tokenizer, llm.add_lora(model, args.lora_rank, args.lora_alpha), args
 
 
 def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
     torch.manual_seed(seed)
-    sequences, attention_mask, prompt_len, responses, mask, _ = module.sample(model, tokenizer, ADDITION, ["7+5=", "123+45="], args, CPU, 4)
+    samples = module.sample(model, tokenizer, ADDITION, ["7+5=", "123+45="], args, CPU, 4)
     no_autocast = torch.autocast("cpu", enabled=False)
-    old, ref, _ = module.score_responses(model, ref_model, sequences, attention_mask, prompt_len, responses, args, no_autocast)
+    old, ref = module.score_responses(model, ref_model, samples, one_pass(samples), args, no_autocast)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
-    return module.Rollout(sequences, attention_mask, prompt_len, responses, mask, advantages, old, ref)
+    return module.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages, old, ref)
+
+
+def update_once(model, rollout, args, optimizer):
+    epochs = [[llm.Minibatch(torch.arange(8), [torch.arange(8)])]]
+    grpo.update_policy(model, optimizer, rollout, epochs, args, torch.autocast("cpu", enabled=False))
 
 
 def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(lora_gpt2):
@@ -130,17 +195,16 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
     rollout = rollout_for(grpo, model, ref_model, tokenizer, args)
     torch.testing.assert_close(rollout.ref_logprobs, rollout.old_logprobs)  # B = 0 at the start: the same model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
-    grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate))
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)  # the base weights did not move
     assert any("lora_B" in n for n in changed)
     # After the step the policy has moved, and π_ref (adapters off) is still exactly the starting model.
     again = rollout_for(grpo, model, ref_model, tokenizer, args)
     assert not torch.allclose(again.old_logprobs, again.ref_logprobs)
-    no_autocast = torch.autocast("cpu", enabled=False)
-    _, ref_after, _ = grpo.score_responses(model, ref_model, rollout.sequences, rollout.attention_mask, rollout.prompt_len,
-                                           rollout.responses, args, no_autocast)
+    samples = grpo.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None)
+    _, ref_after = grpo.score_responses(model, ref_model, samples, one_pass(samples), args,
+                                        torch.autocast("cpu", enabled=False))
     torch.testing.assert_close(ref_after, rollout.old_logprobs, atol=1e-6, rtol=0)
 
 
@@ -157,32 +221,34 @@ def test_lora_adapter_saves_and_loads_with_peft(lora_gpt2, folders, tmp_path):
 
     tokenizer, model, args = lora_gpt2
     rollout = rollout_for(grpo, model, None, tokenizer, args)
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
-    grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate))
     model.save_pretrained(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["gpt2"]), tmp_path / "adapter").eval()
     model.eval()
-    logits = [grpo.response_logits(m, rollout.sequences, rollout.attention_mask, rollout.prompt_len, 1.0) for m in (model, loaded)]
+    index = torch.arange(8) // 4
+    logits = [grpo.response_logits(m, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses, 1.0)
+              for m in (model, loaded)]
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
     merged = loaded.merge_and_unload()  # the README's merge recipe: a plain model with the update folded in
-    torch.testing.assert_close(grpo.response_logits(merged, rollout.sequences, rollout.attention_mask, rollout.prompt_len, 1.0),
+    torch.testing.assert_close(grpo.response_logits(merged, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses, 1.0),
                                logits[0], atol=1e-4, rtol=1e-4)
 
 
 def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
-    """Gradient checkpointing recomputes activations in the backward pass: memory, not math."""
+    """Gradient checkpointing recomputes activations in the backward pass: memory, not math. A checkpointed layer
+    keeps no cache, so each response then runs with its own copy of the prompt: the same step again."""
     steps = []
     for checkpointing in (False, True):
         tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
         if checkpointing:
             model.activation_checkpointing_enable()
-        args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1, gradient_checkpointing=checkpointing)
+        args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1, gradient_checkpointing=checkpointing,
+                         group_size=4, few_shot=0)
         torch.manual_seed(0)
         model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
         rollout = rollout_for(grpo, model, None, tokenizer, args)
-        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
-        grpo.update_policy(model, optimizer, rollout, args, torch.autocast("cpu", enabled=False))
+        update_once(model, rollout, args, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0))
         steps.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
     for name in steps[0]:
         torch.testing.assert_close(steps[0][name], steps[1][name], atol=1e-6, rtol=1e-5)
@@ -285,6 +351,7 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
         (dict(lora_alpha=0.0), 1, "--lora-alpha"),
         (dict(prompts_per_iteration=6), 4, "--prompts-per-iteration"),  # 4 processes cannot split 6 prompts into whole groups
         (dict(prompts_per_iteration=4, group_size=2, num_minibatches=8), 2, "--num-minibatches"),  # 8 in all, 4 per process
+        (dict(prompts_per_iteration=6, num_minibatches=4), 1, "--num-minibatches"),  # 48 responses, but 6 whole groups
         (dict(micro_batch_size=24), 2, "--micro-batch-size"),  # 32 prompts × 8 / 2 processes / 4 minibatches = 32 per minibatch
     ],
 )

@@ -28,7 +28,8 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import TEMPERATURE, direct_logprobs, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
+from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, rows_of, sgd_step, tiny_gpt2,
+                            update, update_args)
 from common import llm
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
@@ -185,26 +186,23 @@ def params_of(model):
     return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
-def rows_of(module, rollout, rows):
-    return module.Rollout(*(x if isinstance(x, int) or x is None else x[rows] for x in rollout))
-
-
 @pytest.mark.parametrize("name", list(MODULES))
 def test_minibatches_and_epochs_are_sequential_steps_on_shuffled_halves(name):
-    """2 epochs × 2 minibatches = 4 plain steps, each on half of a fresh permutation (one torch.randperm per
-    epoch), the ratio measured against the fixed π_θold. Gradients do not leak from one step into the next."""
+    """2 epochs × 2 minibatches = 4 plain steps, each on half of a fresh permutation of the groups (one
+    torch.randperm per epoch, groups kept whole), the ratio measured against the fixed π_θold. Gradients do not
+    leak from one step into the next."""
     module = MODULES[name]
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
     # every hyperparameter away from its default, so that a call that forgot one would take another step
-    # (GSPO: bounds that this rollout's sequence ratios straddle, 0.882 and 0.842 with Â < 0, 1.057 and 1.066 with Â > 0)
+    # (GSPO: bounds that this rollout's sequence ratios straddle)
     hp = dict(HPARAMS[name], **({"clip_eps_low": 0.13, "clip_eps_high": 0.05} if name == "gspo" else {}))
     args = update_args(module, num_minibatches=2, update_epochs=2, beta=0.1, kl_estimator="k2", **hp)
     expected_model = copy.deepcopy(model)
-    torch.manual_seed(2)  # sgd_step seeds 2 before update_policy
-    orders = [torch.randperm(len(rollout.responses)) for _ in range(2)]
+    torch.manual_seed(2)  # sgd_step seeds 2 before drawing the minibatches
+    orders = [torch.randperm(len(rollout.prompt_ids)) for _ in range(2)]
     for order in orders:
-        for half in (order[:8], order[8:]):
+        for half in (order[:2], order[2:]):
             step = direct_step(module, expected_model, rows_of(module, rollout, half), args)
             with torch.no_grad():
                 for name_, p in expected_model.named_parameters():
@@ -246,49 +244,97 @@ def test_gradient_norm_is_clipped_to_max_grad_norm(name):
 
 @pytest.mark.parametrize("micro_batch_size", [None, 2])
 def test_dapo_filler_groups_get_no_gradient(micro_batch_size):
-    """Rows whose loss mask is 0 (zero-signal filler groups) change nothing: the step on the whole rollout equals
-    the step on the signal rows alone, and the eq. (102) token count is that of the signal rows."""
+    """Groups out of the loss mask with Â = 0 (dynamic sampling's filler) change nothing: the step on the whole
+    rollout equals the step on the other groups alone, and the eq. (102) token count is that of the others."""
     model = tiny_gpt2()
     rollout = fixed_rollout(dapo, model)
-    filler = torch.zeros(16, dtype=torch.bool)
-    filler[4:8] = filler[12:16] = True
-    masked = rollout._replace(mask=rollout.mask * (~filler).unsqueeze(1))
-    expected = direct_step(dapo, model, rows_of(dapo, rollout, ~filler), update_args(dapo))
+    filler = torch.tensor([False, True, False, True]).repeat_interleave(4)
+    masked = rollout._replace(mask=rollout.mask * (~filler).unsqueeze(1), advantages=rollout.advantages * ~filler)
+    expected = direct_step(dapo, model, rows_of(dapo, rollout, [0, 2]), update_args(dapo))
     actual = sgd_step(dapo, model, masked, update_args(dapo, micro_batch_size))
     for n in expected:
         torch.testing.assert_close(actual[n], expected[n], atol=1e-6, rtol=0, msg=n)
 
 
-def test_dapo_filler_only_minibatch_takes_no_step_and_leaves_adam_untouched():
-    """A minibatch of filler alone has no gradient; an Adam step would still move the weights by its momentum.
-    It is skipped (stats["skipped_steps"] = 1), the weights and Adam's state stay exactly as they were."""
+def adam_update(module, model, rollout, args, skip: bool, seed: int = 3):
+    """Parameters, Adam state and stats after an update at learning rate 1e-2, on minibatches drawn with or
+    without the skip of groups without signal (the same groups in the same order: the skip only leaves some out)."""
+    # eps 1e-4, not 1e-8: a gradient that is 0 in exact arithmetic (GPT-2's key bias: softmax ignores a shift) comes out
+    # as rounding noise of ~1e-10, which Adam would blow up to ±lr whichever order the sums were taken in
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
+    torch.manual_seed(seed)
+    epochs = [llm.draw_minibatches(rollout.advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
+                                   skip) for epoch in range(args.update_epochs)]
+    stats = module.update_policy(model, optimizer, rollout, epochs, args, NO_AUTOCAST)
+    return params_of(getattr(model, "module", model)), optimizer.state_dict()["state"], stats  # DDP wraps the model
+
+
+@pytest.mark.parametrize("micro_batch_size", [None, 3])
+@pytest.mark.parametrize("name", list(MODULES))
+def test_skipping_groups_without_signal_changes_neither_the_step_nor_the_logs(name, micro_batch_size):
+    """β = 0, Adam, 3 epochs of 4 minibatches, 8 groups of which 5 have no signal (so some minibatches have none),
+    micro-batches of 3 (a partial last one): skipping the groups without signal gives the parameters, Adam's state
+    and the logged loss and clip fraction of running them all, up to float summation order."""
+    module = MODULES[name]
     model = tiny_gpt2()
-    rollout = fixed_rollout(dapo, model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    stats = dapo.update_policy(model, optimizer, rollout, update_args(dapo), NO_AUTOCAST)  # builds momentum
-    assert stats["skipped_steps"] == [0.0]
-    before = params_of(model)
-    state = {id(p): {k: v.clone() for k, v in s.items()} for p, s in optimizer.state.items()}
-    filler_only = rollout._replace(mask=torch.zeros_like(rollout.mask))
-    stats = dapo.update_policy(model, optimizer, filler_only, update_args(dapo, micro_batch_size=4), NO_AUTOCAST)
-    assert stats["skipped_steps"] == [1.0]
-    for n, p in model.named_parameters():
-        assert torch.equal(p, before[n]), n
-    for p, s in optimizer.state.items():
-        for k, v in s.items():
-            assert torch.equal(v, state[id(p)][k]), k
+    rollout = fixed_rollout(module, model, num_groups=8, no_signal=(1, 2, 4, 5, 7))
+    args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=4, update_epochs=3, **HPARAMS[name])
+    skipped = adam_update(module, copy.deepcopy(model), rollout, args, skip=True)
+    every = adam_update(module, copy.deepcopy(model), rollout, args, skip=False)
+    assert any(not torch.equal(skipped[0][n], p) for n, p in params_of(model).items())  # the update moved
+    for n in every[0]:
+        torch.testing.assert_close(skipped[0][n], every[0][n], atol=1e-6, rtol=0, msg=n)
+    for p in every[1]:
+        for k in every[1][p]:
+            torch.testing.assert_close(skipped[1][p][k], every[1][p][k], atol=1e-6, rtol=1e-5, msg=k)
+    for tag in ("policy_loss", "grad_norm", "gate" if name == "sapo" else "clipfrac"):
+        assert skipped[2][tag] == pytest.approx(every[2][tag], rel=1e-5, abs=1e-7), tag
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_logged_loss_and_clip_fraction_do_not_depend_on_the_micro_batches(name):
+    """The logged policy loss is each minibatch's loss (mean over its steps) and the clip fraction (SAPO: mean
+    gate) is over all the update's tokens with signal: the same whatever --micro-batch-size, and the same as
+    written out here from the formula on the whole minibatch (the first step: ratio against the fixed π_θold)."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    logged = [adam_update(module, copy.deepcopy(model), rollout, update_args(module, size, beta=0.0, **HPARAMS[name]),
+                          skip=True)[2] for size in (None, 2, 4)]
+    for stats in logged[1:]:
+        for tag in logged[0]:
+            assert stats[tag] == pytest.approx(logged[0][tag], rel=1e-5, abs=1e-7), tag
+    logprobs = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask).detach()
+    expected_loss = formula_loss(name, logprobs.double(), rollout.old_logprobs.double(), rollout.advantages.double(),
+                                 rollout.mask.double(), **HPARAMS[name])
+    assert logged[0]["policy_loss"] == pytest.approx([float(expected_loss)], rel=1e-5)
+    ratio = torch.exp(logprobs - rollout.old_logprobs)
+    if name == "gspo":  # a response's tokens share its sequence ratio
+        ratio = torch.exp(((logprobs - rollout.old_logprobs) * rollout.mask).sum(1) / rollout.mask.sum(1)).unsqueeze(1)
+    hp = HPARAMS[name]
+    low, high = (hp.get("clip_eps", 0), hp.get("clip_eps", 0)) if "clip_eps" in hp else (hp.get("clip_eps_low"), hp.get("clip_eps_high"))
+    signal = rollout.mask * (rollout.advantages != 0).unsqueeze(1)
+    if name == "sapo":
+        tau = torch.where(rollout.advantages.unsqueeze(1) > 0, hp["tau_pos"], hp["tau_neg"])
+        per_token = 4 * torch.sigmoid(tau * (ratio - 1)) * (1 - torch.sigmoid(tau * (ratio - 1)))
+    else:
+        per_token = ((ratio < 1 - low) | (ratio > 1 + high)).float()
+    fraction = float((per_token * signal).sum() / signal.sum())
+    assert 0 < fraction < 1 or name == "sapo"  # the clip acts on some tokens, not all
+    assert logged[0]["gate" if name == "sapo" else "clipfrac"] == pytest.approx([fraction], rel=1e-5)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
     """β = 0 and every advantage 0: the loss's gradient is exactly 0, so the file skips the forward and backward
     passes; Adam still steps on a zero gradient, as it would have (its momentum moves the weights). The weights and
-    Adam's state must equal that step's, computed here by hand. With β > 0 the KL term has a gradient: no skip."""
+    Adam's state must equal that step's, computed here by hand. With β > 0 the KL term has a gradient: no skip.
+    DAPO's filler-only minibatch (no token in the loss mask) follows the same rule."""
     module = MODULES[name]
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    module.update_policy(model, optimizer, rollout, update_args(module, beta=0.0), NO_AUTOCAST)  # builds momentum
+    update(module, model, optimizer, rollout, update_args(module, beta=0.0))  # builds momentum
     reference = copy.deepcopy(model)
     reference_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
     reference_optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # a copy: load_state_dict shares tensors
@@ -296,53 +342,66 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
         p.grad = torch.zeros_like(p)
     reference_optimizer.step()
     no_signal = rollout._replace(advantages=torch.zeros_like(rollout.advantages))
+    if name == "dapo":
+        no_signal = no_signal._replace(mask=torch.zeros_like(rollout.mask))
     forwards = []
     hook = model.register_forward_pre_hook(lambda module, inputs: forwards.append(1))
-    stats = module.update_policy(model, optimizer, no_signal, update_args(module, beta=0.0), NO_AUTOCAST)
+    stats = update(module, model, optimizer, no_signal, update_args(module, beta=0.0))
     assert forwards == [] and stats["grad_norm"] == [0.0]
     for (n, p), q in zip(model.named_parameters(), reference.parameters()):
         assert torch.equal(p, q), n  # moved by the momentum alone (checked below: the step is not a no-op)
+    assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), copy.deepcopy(model).parameters())) or True
     for p, q in zip(model.parameters(), reference.parameters()):
         for k, v in optimizer.state[p].items():
             assert torch.equal(v, reference_optimizer.state[q][k]), k
-    module.update_policy(model, optimizer, no_signal, update_args(module, beta=0.04), NO_AUTOCAST)
+    update(module, model, optimizer, no_signal, update_args(module, beta=0.04))
     assert len(forwards) > 0  # the KL term to the reference has a gradient: the passes run
     hook.remove()
 
 
-@pytest.mark.parametrize("micro_batch_size", [None, 3])
+@pytest.mark.parametrize("micro_batch_size", [None, 4])
 @pytest.mark.parametrize("name", list(MODULES))
-def test_with_beta_0_only_the_responses_with_signal_go_through_the_model(name, micro_batch_size):
-    """β = 0: a response whose advantage is 0 adds nothing to the gradient, so the forward and backward passes see
-    only the others, each once per epoch (the step is still the whole batch's: test_group_distributed.py). With
-    β > 0 the KL term has a gradient on every response: all of them go through."""
+def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micro_batch_size):
+    """β = 0: a group whose advantages are all 0 adds nothing to the gradient, so the forward and backward passes
+    see only the others, each once per epoch (the step is still the whole batch's: test_group_distributed.py).
+    Each pass reads a group's prompt once, then its responses. With β > 0 the KL term has a gradient on every
+    response: all of them go through."""
     module = MODULES[name]
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model, no_signal=(0, 2))
-    signal = {tuple(rollout.sequences[i].tolist()) for i in range(16) if rollout.advantages[i] != 0}
+    signal = {tuple(rollout.responses[i, :-1].tolist()) for i in range(16) if rollout.advantages[i] != 0}
     assert len(signal) == 8  # the two groups with signal, 8 distinct rows
     seen = []
     hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist()), with_kwargs=True)
     args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
-    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args, NO_AUTOCAST)
-    assert sorted(map(tuple, seen)) == sorted(list(signal) * 2)
+    update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
+    responses = [tuple(ids[1:]) for ids in seen if len(ids) == rollout.responses.shape[1]]  # [last prompt token, y...]
+    prompts = [ids for ids in seen if len(ids) == rollout.prompt_ids.shape[1] - 1]  # each prompt but its last token
+    assert sorted(responses) == sorted(list(signal) * 2)
+    assert len(prompts) == 2 * 2  # two groups with signal, read once per epoch
     seen.clear()
     args = update_args(module, micro_batch_size, beta=0.04, num_minibatches=2, update_epochs=2)
-    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args, NO_AUTOCAST)
-    assert len(seen) == 2 * 16
+    update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
+    assert len([ids for ids in seen if len(ids) == rollout.responses.shape[1]]) == 2 * 16
     hook.remove()
 
 
 # ---------------------------------------------------------------- scoring: π_θold and π_ref at the temperature
 
+def score(module, model, ref_model, rollout, args):
+    """score_responses on the rollout's samples, in the passes of a first epoch drawn as the main loop draws it."""
+    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask,
+                             torch.zeros(len(rollout.responses), dtype=torch.bool), torch.zeros_like(rollout.mask))
+    return module.score_responses(model, ref_model, samples, draw_epochs(rollout, args)[0], args, NO_AUTOCAST)
+
+
 def assert_scores(module, model, ref_model, rollout, args, reference):
     """score_responses gives log π_θold of `model` and log π_ref of `reference`, both computed directly here,
     and the two differ (so a swapped or shared scoring would show)."""
-    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
-    old, ref, _ = module.score_responses(model, ref_model, seq, att, plen, resp, args, NO_AUTOCAST)
+    old, ref = score(module, model, ref_model, rollout, args)
     with torch.no_grad():
-        expected_old = direct_logprobs(model, seq, att, plen, resp)
-        expected_ref = direct_logprobs(reference, seq, att, plen, resp)
+        expected_old = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
+        expected_ref = direct_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
     mask = rollout.mask.bool()
     torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
@@ -367,18 +426,24 @@ def test_scoring_uses_the_temperature_and_the_reference_model(name):
 
 
 @pytest.mark.parametrize("name", list(MODULES))
-def test_scoring_without_a_reference(name):
-    """β = 0: no reference model, no reference log-probs, and π_θold's log-probs as with one."""
+def test_scoring_without_a_reference_scores_only_what_the_update_runs(name):
+    """β = 0: no reference model, no reference log-probs, and π_θold's log-probs as with one, for the groups with
+    signal; a group without signal runs no pass of the update, so it is not scored at all (left at 0)."""
     module = MODULES[name]
     model = tiny_gpt2()
-    rollout = fixed_rollout(module, model)
+    rollout = fixed_rollout(module, model, no_signal=(1,))
     args = update_args(module, micro_batch_size=8, beta=0.0)
-    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
-    old, ref, _ = module.score_responses(model, None, seq, att, plen, resp, args, NO_AUTOCAST)
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(kwargs["input_ids"].shape), with_kwargs=True)
+    old, ref = score(module, model, None, rollout, args)
+    hook.remove()
     assert ref is None
     with torch.no_grad():
-        expected = direct_logprobs(model, seq, att, plen, resp)
-    torch.testing.assert_close(old[rollout.mask.bool()], expected[rollout.mask.bool()], atol=1e-5, rtol=1e-5)
+        expected = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
+    signal = rollout.mask.bool() & (rollout.advantages != 0).unsqueeze(1)
+    torch.testing.assert_close(old[signal], expected[signal], atol=1e-5, rtol=1e-5)
+    assert torch.equal(old[4:8], torch.zeros(4, 8))  # group 1: no signal, not scored
+    assert sum(shape[0] for shape in forwards if shape[1] == rollout.responses.shape[1]) == 12  # 3 groups' responses
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -420,17 +485,27 @@ def test_lora_reference_is_the_base_model_with_the_adapters_off(name):
     assert_scores(module, model, ref_model, rollout, args, reference=base)
 
 
-def test_response_logits_are_divided_by_the_temperature():
+@pytest.mark.parametrize("share_prompt", [True, False])
+def test_response_logits_are_divided_by_the_temperature(share_prompt):
+    """response_logits, with the prompt read once per group or with each response (gradient checkpointing),
+    gives the log-probs of [prompt; response] written out here, at the temperature."""
     model = tiny_gpt2()
     rollout = fixed_rollout(grpo, model)
-    seq, att, plen, resp = rollout.sequences, rollout.attention_mask, rollout.prompt_len, rollout.responses
+    index = torch.arange(16) // 4
     with torch.no_grad():
         for temperature in (TEMPERATURE, 2.5):
-            logprobs = grpo.token_logprobs(grpo.response_logits(model, seq, att, plen, temperature), resp)
-            position_ids = (att.cumsum(-1) - 1).clamp(min=0)
-            logits = model(input_ids=seq, attention_mask=att, position_ids=position_ids).logits[:, plen - 1 : -1] / temperature
-            expected = torch.log_softmax(logits, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)
-            torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=1e-5)
+            logits = grpo.response_logits(model, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses,
+                                          temperature, share_prompt)
+            logprobs = grpo.token_logprobs(logits, rollout.responses)
+            expected = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                                       rollout.mask) * TEMPERATURE / temperature  # direct_logprobs divides by TEMPERATURE
+            sequences = torch.cat([rollout.prompt_ids[index], rollout.responses], dim=1)
+            attention = torch.cat([rollout.prompt_mask[index], rollout.mask.long()], dim=1)
+            raw = model(input_ids=sequences, attention_mask=attention,
+                        position_ids=(attention.cumsum(-1) - 1).clamp(min=0)).logits[:, 4:-1] / temperature
+            expected = torch.log_softmax(raw, -1).gather(-1, rollout.responses.unsqueeze(-1)).squeeze(-1)
+            mask = rollout.mask.bool()
+            torch.testing.assert_close(logprobs[mask], expected[mask], atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------- the main loops, run in-process with spies
@@ -467,15 +542,16 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
         training = num_samples == args.group_size and not greedy
         if training and responses_for is not None:
             out = designed_round(module, out, responses_for(prompts, tokenizer, args), tokenizer, args)
-        rounds.append(dict(open=training, keys=row_keys(out[0], out[1], out[2]), mask=out[4], truncated=out[5], accuracies=[]))
+        rounds.append(dict(open=training, keys=row_keys(out, num_samples), mask=out.mask, truncated=out.truncated,
+                           accuracies=[]))
         rounds[-1]["training"] = training
         return out
 
-    def update_policy(model, optimizer, rollout, args, autocast):
+    def update_policy(model, optimizer, rollout, epochs, args, autocast):
         for r in rounds:  # evaluate() samples through the module's own sample(): its rewards are not the round's
             r["open"] = False
         updates.append(rollout)
-        return real_update(model, optimizer, rollout, args, autocast)
+        return real_update(model, optimizer, rollout, epochs, args, autocast)
 
     def get_task(name, eval_task=None):
         return RecordingTask(module.get_task(name, eval_task), rounds)
@@ -506,24 +582,21 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
 def designed_round(module, out, answers, tokenizer, args):
     """The sampled round with its responses replaced: each answer text then EOS, or (None) a cut response of
     --max-new-tokens digits without EOS; the mask and the cut flags recomputed as sample() computes them."""
-    sequences, attention_mask, prompt_len = out[0], out[1], out[2]
     rows = [[tokenizer.convert_tokens_to_ids("9")] * args.max_new_tokens if answer is None else
             tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id] for answer in answers]
-    width = max(map(len, rows))  # generate() stops when every row has ended: rounds differ in width
+    width = max(map(len, rows))  # sampling stops when every row has ended: rounds differ in width
     rows = [ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows]
-    responses = torch.tensor(rows, dtype=sequences.dtype)
+    responses = torch.tensor(rows, dtype=out.responses.dtype)
     mask, truncated = module.response_mask(responses, torch.tensor([tokenizer.eos_token_id]))
-    sequences = torch.cat([sequences[:, :prompt_len], responses], dim=1)
-    attention_mask = torch.cat([attention_mask[:, :prompt_len], mask.long()], dim=1)
-    return sequences, attention_mask, prompt_len, responses, mask, truncated
+    return out._replace(responses=responses, mask=mask, truncated=truncated, entropies=torch.zeros_like(mask))
 
 
-def row_keys(sequences, attention_mask, prompt_len):
+def row_keys(samples, group_size):
     """Each row as (its prompt tokens, its response tokens), padding left out: identifies a row after reordering."""
     keys = []
-    for row, attention in zip(sequences.tolist(), attention_mask.tolist()):
-        real = [t for t, a in zip(row, attention) if a]
-        keys.append((tuple(real[: sum(attention[:prompt_len])]), tuple(real[sum(attention[:prompt_len]) :])))
+    for i, (row, mask) in enumerate(zip(samples.responses.tolist(), samples.mask.tolist())):
+        prompt = samples.prompt_ids[i // group_size][samples.prompt_mask[i // group_size].bool()].tolist()
+        keys.append((tuple(prompt), tuple(t for t, m in zip(row, mask) if m)))
     return keys
 
 
@@ -594,17 +667,20 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
     assert len(rounds) == expected_rounds
     chosen = ([g for g, s in zip(groups, signal) if s] + [g for g, s in zip(groups, signal) if not s])[:prompts]
     rows = [i for g in chosen for i in g]
-    assert row_keys(rollout.sequences, rollout.attention_mask, rollout.prompt_len) == [keys[i] for i in rows]
+    for position, i in enumerate(rows):  # the batch's prompts (one per group) and responses are those rows'
+        group = position // group_size
+        prompt = tuple(rollout.prompt_ids[group][rollout.prompt_mask[group].bool()].tolist())
+        assert (prompt, tuple(rollout.responses[position, : int(lengths[i])].tolist())) == keys[i], position
     if overlong_filtering:  # the flag must have something to do: a cut response in a signal group
         assert any(truncated[i] for g, s in zip(groups, signal) if s for i in g)
     for position, i in enumerate(rows):
         on = signal[groups.index(next(g for g in groups if i in g))] and not (overlong_filtering and truncated[i])
         assert rollout.mask[position].sum() == (lengths[i] if on else 0), (position, keys[i])
 
-    # advantages: the hand formula of the shaped rewards, groups whole (the filler's do not matter: masked out)
+    # advantages: the hand formula of the shaped rewards, groups whole; filler groups (no signal) get 0
     expected = torch.tensor(hand_advantages([shaped[i] for i in rows], group_size), dtype=rollout.advantages.dtype)
-    kept = rollout.mask.sum(1) > 0
-    torch.testing.assert_close(rollout.advantages[kept], expected[kept], atol=1e-5, rtol=1e-5)
+    mixed = torch.tensor([signal[groups.index(next(g for g in groups if i in g))] for i in rows])
+    torch.testing.assert_close(rollout.advantages, expected * mixed, atol=1e-5, rtol=1e-5)
 
     # what is logged: the task's accuracy next to the shaped reward of the batch rows, how many rounds were sampled
     # and the share of signal groups among all that was sampled
@@ -612,4 +688,61 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
     assert stats_inputs["accuracies"] == [accuracies[i] for i in rows]
     assert stats_inputs["rewards"] == pytest.approx([shaped[i] for i in rows])
     assert scalars["charts/sampling_rounds"] == len(rounds)
-    assert scalars["charts/signal_group_fraction"] == pytest.approx(sum(signal) / len(signal))
+    assert scalars["charts/mixed_group_fraction"] == pytest.approx(sum(signal) / len(signal))
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+@pytest.mark.parametrize("name", list(MODULES))
+def test_the_first_minibatch_ratio_is_exactly_one(name, beta, monkeypatch, tmp_path):
+    """The main loop scores π_θold in the very passes of the first epoch's update: the first optimiser step sees
+    log π_θ equal to log π_θold bit for bit, on every token of every pass (ratio exactly 1, nothing clipped). The
+    later steps, after the weights moved, do not."""
+    calls = []
+
+    module = MODULES[name]
+    real = module.policy_loss
+
+    def policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+        calls.append((logprobs.detach().clone(), old_logprobs.clone(), mask.clone()))
+        return real(logprobs, old_logprobs, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(module, "policy_loss", policy_loss)  # what update_policy calls
+    argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--num-minibatches", "2", "--micro-batch-size", "8",
+            "--update-epochs", "2", "--beta", str(beta), "--eval-size", "2", "--eval-every", "100"]
+    run_main(module, argv, monkeypatch, tmp_path)
+    first_step = len(calls) // 4 if beta > 0 else None  # β > 0: every group runs, 2 passes per minibatch
+    assert len(calls) >= 2
+    steps = calls[:first_step] if first_step else calls[:1]
+    for logprobs, old_logprobs, mask in steps:
+        assert torch.equal(logprobs[mask.bool()], old_logprobs[mask.bool()])
+    assert any(not torch.equal(lp[m.bool()], old[m.bool()]) for lp, old, m in calls[len(calls) // 2 :])  # moved
+
+
+def test_dapo_rewards_a_right_answer_cut_at_the_cap_above_a_wrong_one(monkeypatch, tmp_path):
+    """DAPO's reward is ±1 for right and wrong plus the overlong penalty in [−1, 0]. Two groups, a right answer of
+    exactly --max-new-tokens tokens (penalty −1) in each: [right at the cap, 3 short wrong ones] and [right at the
+    cap, right short, 2 short wrong]. Worked out by hand, rewards [0, −1, −1, −1] and [0, 1, −1, −1], advantages
+    (R − mean) / sqrt(var + 1e-6): [1.7320, −0.5773 × 3] and [0.3015, 1.5076, −0.9045, −0.9045]. (With a 0/1
+    accuracy instead of ±1, the first group's rewards would be all 0, and the second's right answer at the cap
+    would get −0.5773 like the wrong ones.)"""
+    max_new_tokens, buffer = 8, 4
+
+    def responses_for(prompts, tokenizer, args):
+        answers = []
+        for i, prompt in enumerate(prompts):
+            a, b = prompt.rstrip("=").split("+")
+            right = str(int(a) + int(b))
+            at_cap = " " * (max_new_tokens - 1 - len(right)) + right  # with its EOS: exactly max_new_tokens tokens
+            wrong = "1" if right != "1" else "2"
+            answers += [[at_cap, wrong, wrong, wrong], [at_cap, right, wrong, wrong]][i]
+        return answers
+
+    argv = ["--num-iterations", "1", "--prompts-per-iteration", "2", "--group-size", "4", "--max-new-tokens",
+            str(max_new_tokens), "--overlong-buffer", str(buffer), "--max-sampling-rounds", "1", "--num-minibatches", "1",
+            "--eval-size", "2", "--eval-every", "100"]
+    rounds, (rollout,) = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
+    lengths = rounds[0]["mask"].sum(1).tolist()
+    assert lengths[0] == lengths[4] == 8 and max(lengths[1:4] + lengths[5:]) <= max_new_tokens - buffer  # no penalty
+    assert run_main.logged[0]["rewards"] == pytest.approx([0, -1, -1, -1, 0, 1, -1, -1])
+    expected = [1.7320, -0.5773, -0.5773, -0.5773, 0.3015, 1.5076, -0.9045, -0.9045]
+    assert rollout.advantages.tolist() == pytest.approx(expected, abs=1e-4)

@@ -137,28 +137,30 @@ def test_tiny_model_tokenizer(tiny):
 
 def test_left_padded_logprobs_equal_logprobs_alone(tiny):
     tokenizer, model = tiny
-    args = grpo.Args(max_new_tokens=6)
+    args = grpo.Args(max_new_tokens=6, few_shot=0)
     torch.manual_seed(0)
     prompts = ["7+5=", "123+456=", "45-9="]
-    sequences, attention_mask, prompt_len, responses, mask, _ = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", num_samples=2)
-    batch = grpo.token_logprobs(grpo.response_logits(model, sequences, attention_mask, prompt_len, 1.0), responses)
-    for row in range(len(sequences)):
-        keep = attention_mask[row].bool()  # the row without its padding, scored alone
-        seq, n_pad, n = sequences[row][keep].unsqueeze(0), int((~keep[:prompt_len]).sum()), int(mask[row].sum())
-        logits = grpo.response_logits(model, seq, torch.ones_like(seq), prompt_len - n_pad, 1.0)
-        alone = grpo.token_logprobs(logits, responses[row : row + 1, :n])
-        torch.testing.assert_close(batch[row, :n], alone[0], atol=1e-5, rtol=1e-5)
+    samples = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", num_samples=2)
+    index = torch.arange(6) // 2
+    batch = grpo.token_logprobs(grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index,
+                                                     samples.responses, 1.0), samples.responses)
+    for row in range(6):
+        prompt = samples.prompt_ids[row // 2][samples.prompt_mask[row // 2].bool()].unsqueeze(0)  # without its padding
+        response = samples.responses[row : row + 1, : int(samples.mask[row].sum())]
+        logits = grpo.response_logits(model, prompt, torch.ones_like(prompt), torch.tensor([0]), response, 1.0)
+        alone = grpo.token_logprobs(logits, response)
+        torch.testing.assert_close(batch[row, : response.shape[1]], alone[0], atol=1e-5, rtol=1e-5)
 
 
 def test_batched_greedy_generation_equals_alone(tiny):
     tokenizer, model = tiny
-    args = grpo.Args()
+    args = grpo.Args(max_new_tokens=8, few_shot=0)
     prompts = ["7+5=", "123+456=", "45-9="]
-    _, _, _, responses, mask, _ = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", 1, greedy=True)
-    together = llm.decode(tokenizer, responses, mask)
+    samples = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", 1, greedy=True)
+    together = llm.decode(tokenizer, samples.responses, samples.mask)
     for prompt, text in zip(prompts, together):
-        _, _, _, r, m, _ = grpo.sample(model, tokenizer, TASKS["addition"], [prompt], args, "cpu", 1, greedy=True)
-        assert llm.decode(tokenizer, r, m) == [text]
+        alone = grpo.sample(model, tokenizer, TASKS["addition"], [prompt], args, "cpu", 1, greedy=True)
+        assert llm.decode(tokenizer, alone.responses, alone.mask) == [text]
 
 
 def test_base_model_has_headroom(tiny):
@@ -166,7 +168,7 @@ def test_base_model_has_headroom(tiny):
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
-    sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"), grpo.Args(), "cpu", torch.autocast("cpu", enabled=False))
+    sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"), grpo.Args(max_new_tokens=8, few_shot=0), "cpu", torch.autocast("cpu", enabled=False))
     assert 0.25 <= sampled <= 0.6 and greedy > sampled
 
 

@@ -1,5 +1,6 @@
 """The lab (common/lab/lab.py), its model (common/models/long_model) and the script that makes it."""
 import json
+import ast
 import os
 import random
 import re
@@ -190,8 +191,10 @@ def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
         with open(os.path.join(ROOT, script)) as f:
             source = f.read()
         assert "charts/zero_signal_fraction" not in source and "right_response_length" not in source, script
-        calls[script] = [line.strip() for line in source.splitlines() if "rollout_stats(" in line and "import" not in line]
-    assert calls["grpo.py"] == ["scalars = rollout_stats(rewards, rewards, mask, truncated, entropies, args.group_size)"]
+        calls[script] = [ast.unparse(node) for node in ast.walk(ast.parse(source))
+                         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "rollout_stats"]
+    assert calls["grpo.py"] == [
+        "rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
     assert calls["dapo.py"] == [
-        "scalars = {**rollout_stats(rewards, accuracies, mask, truncated, entropies, args.group_size), **sampling}"]
+        "rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
     assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]

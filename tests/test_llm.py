@@ -9,29 +9,37 @@ import grpo
 from common import llm
 
 
+def resolved(module, **fields):
+    """Args as the main block sees them after `defaults = resolve_defaults(args)`, with the lines it prints."""
+    args = module.Args(**fields)
+    return args, llm.resolve_defaults(args)
+
+
 def test_embedded_models_keep_the_values_they_were_tuned_with():
     for model in ("common/models/tiny_model", "common/models/long_model"):
-        args = dapo.Args(model=model)
-        assert (args.learning_rate, args.max_new_tokens, args.eval_size, args.few_shot, args.overlong_buffer) == (3e-4, 8, 200, 0, 3)
+        args, lines = resolved(grpo, model=model)
+        assert (args.learning_rate, args.max_new_tokens, args.eval_size, args.few_shot) == (3e-4, 8, 200, 0)
+        assert "--few-shot 0  (the embedded models)" in lines
     assert llm.is_embedded(llm.resolve_model_path("common/models/tiny_model"))  # also as the absolute path
 
 
 def test_a_real_model_gets_real_llm_defaults_and_a_typed_flag_wins():
-    args = dapo.Args(model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
+    args, lines = resolved(grpo, model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
     assert (args.learning_rate, args.max_new_tokens, args.eval_size) == (1e-6, 256, 100)
-    assert args.overlong_buffer == 256 // 5  # DAPO's buffer is a fifth of the cap (4096 of 20480 in the paper)
     assert args.few_shot is None  # decided by the model's kind once it is loaded: llm.num_examples
-    assert grpo.Args(model="gpt2", lora_rank=16).learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
-    typed = dapo.Args(model="gpt2", learning_rate=3e-5, max_new_tokens=100)
-    assert (typed.learning_rate, typed.max_new_tokens, typed.overlong_buffer) == (3e-5, 100, 20)
-    assert not any(line.startswith(("--learning-rate", "--max-new-tokens")) for line in typed.defaults_used)
-    assert any(line.startswith("--overlong-buffer 20") for line in typed.defaults_used)
+    assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
+    typed, lines = resolved(grpo, model="gpt2", learning_rate=3e-5, max_new_tokens=100)
+    assert (typed.learning_rate, typed.max_new_tokens) == (3e-5, 100)
+    assert not any(line.startswith(("--learning-rate", "--max-new-tokens")) for line in lines)
+    assert any(line.startswith("--eval-size 100") for line in lines)
+    assert grpo.Args().learning_rate is None  # building Args resolves nothing: the main block's call does
 
 
 def test_the_command_line_resolves_the_same_way():
     args = tyro.cli(grpo.Args, args=["--model", "gpt2", "--max-new-tokens", "64"])
+    lines = llm.resolve_defaults(args)
     assert (args.learning_rate, args.max_new_tokens) == (1e-6, 64)
-    assert args.defaults_used[0].startswith("--learning-rate 1e-06  (TRL's GRPOConfig")
+    assert lines[0].startswith("--learning-rate 1e-06  (TRL's GRPOConfig")
     grpo.check_args(args)  # resolved values pass the checks
 
 
@@ -47,7 +55,6 @@ def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_mod
     Tokenizer.chat_template = "{{ messages }}"
     assert llm.few_shot_line(Tokenizer(), task, None) == ["--few-shot 0  (a chat model: its user turn states the format)"]
     assert llm.few_shot_line(Tokenizer(), task, 3) == []  # typed: nothing to state
-    assert "--few-shot 0  (the embedded models)" in grpo.Args().defaults_used
 
 
 def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():
@@ -59,25 +66,29 @@ def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():
 def test_rollout_stats_by_hand():
     # three groups of two: rewards (1, 0), (1, 1), (0, 0); lengths 3, 5, 2, 4, 1, 1; the second response was cut
     rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0, 0.0])
     lengths = torch.tensor([3, 5, 2, 4, 1, 1])
     mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).float()
     truncated = torch.tensor([False, True, False, False, False, False])
     entropies = torch.full((6, 5), 7.0)
     entropies[mask.bool()] = 0.5  # padding carries junk the statistic must not see
-    stats = llm.rollout_stats(rewards, rewards, mask, truncated, entropies, group_size=2)
+    stats = llm.rollout_stats(rewards, rewards, advantages, mask, truncated, entropies, group_size=2)
     assert stats["charts/reward"] == pytest.approx(3 / 6)
+    assert stats["charts/train_accuracy"] == pytest.approx(3 / 6)
     assert stats["charts/response_length"] == pytest.approx(16 / 6)
     assert stats["charts/right_response_length"] == pytest.approx((3 + 2 + 4) / 3)
     assert stats["charts/wrong_response_length"] == pytest.approx((5 + 1 + 1) / 3)
-    assert stats["charts/zero_signal_fraction"] == pytest.approx(2 / 3)  # all right, or all wrong: no signal
+    assert stats["charts/zero_signal_fraction"] == pytest.approx(2 / 3)  # all right, or all wrong: Â = 0
     assert stats["charts/truncated_fraction"] == pytest.approx(1 / 6)
     assert stats["losses/entropy"] == 0.5
-    # DAPO: the shaped reward is logged, rightness and signal come from the task's accuracy
-    shaped = rewards - torch.tensor([0.0, 0.5, 0.2, 0.0, 0.1, 0.0])
-    dapo_stats = llm.rollout_stats(shaped, rewards, mask, truncated, entropies, group_size=2)
-    assert dapo_stats["charts/zero_signal_fraction"] == pytest.approx(2 / 3)
+    # DAPO: its own reward is logged, rightness from the task's accuracy, and signal from the advantages
+    shaped = 2 * rewards - 1 - torch.tensor([0.0, 0.5, 0.2, 0.0, 0.1, 0.0])
+    dapo_advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.3, -0.3])  # the last group's lengths differ
+    dapo_stats = llm.rollout_stats(shaped, rewards, dapo_advantages, mask, truncated, entropies, group_size=2)
+    assert dapo_stats["charts/zero_signal_fraction"] == pytest.approx(1 / 3)
+    assert dapo_stats["charts/train_accuracy"] == pytest.approx(3 / 6)
     assert dapo_stats["charts/right_response_length"] == pytest.approx(3.0)
-    assert dapo_stats["charts/reward"] == pytest.approx((1 - 0.5 + 0.8 + 1 - 0.1) / 6)
+    assert dapo_stats["charts/reward"] == pytest.approx((1 - 1.5 + 0.8 + 1 - 1.1 - 1) / 6)
 
 
 def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_path, monkeypatch, capsys):
@@ -91,19 +102,20 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
     log = llm.IterationLog("run", {"lr": 1.0}, num_iterations=5, eval_every=2, responses_per_iteration=4,
                            evaluate=evaluate, is_main=True, device=torch.device("cpu"))
     log.begin()
-    scalars = {"charts/reward": 0.25, "charts/response_length": 3.0, "charts/truncated_fraction": 0.5,
-               "charts/zero_signal_fraction": 0.125}
+    scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,
+               "charts/truncated_fraction": 0.5, "charts/zero_signal_fraction": 0.125}
     for iteration in range(1, 6):
         log.begin_iteration()
         with log.phase("generate"):
             pass
-        log.end_iteration(iteration, scalars, {"clipfrac": [0.1, 0.3], "kl_ref": []}, learning_rate=1e-3)
+        log.end_iteration(iteration, scalars, {"clipfrac": [0.2], "policy_loss": [0.1, 0.3]}, learning_rate=1e-3)
     log.close()
     lines = capsys.readouterr().out.splitlines()
     assert len(evaluations) == 4  # at the start, at 2 and 4, and at the end (5)
     assert lines[0].startswith("iteration    0  held-out 0.500 (greedy 0.750)") and "runs/run" in lines[0]
     assert len(lines) == 6
-    assert lines[1].startswith("iteration    1/5  reward 0.250  length 3.0  truncated 0.50  no-signal 0.12  clipfrac 0.200")
+    assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  clipfrac 0.200  ")
+    assert " s/it  " in lines[1] and " tok/s  ETA " in lines[1]
     assert "held-out" not in lines[1] and "held-out 0.500" in lines[2] and "held-out" not in lines[3]
     assert "held-out" in lines[5]
     assert (tmp_path / "runs" / "run").is_dir()

@@ -1,7 +1,8 @@
 """Run by torchrun (2 processes, gloo) from test_group_distributed.py, so that one launch serves every check:
 1. every group file takes one optimiser step on this process's half of a fixed batch, DDP-wrapped, with and
-   without micro-batches, and with β = 0 on a batch whose halves hold unequal numbers of responses with signal;
-   process 0 saves the parameters for the test to compare with the one-process step;
+   without micro-batches, and with β = 0 on a batch whose halves hold unequal numbers of groups with signal;
+   then, on such a batch, an update of 2 epochs × 2 minibatches with Adam, skipping the groups without signal
+   and running them all; process 0 saves the parameters for the test to compare with the one-process steps;
 2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
    folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
    weights, which must agree (the processes sample different responses; DDP keeps one model). Not a test file."""
@@ -16,6 +17,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
+from test_group_update import adam_update  # noqa: E402
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -39,6 +41,13 @@ if __name__ == "__main__":
             steps[name, micro_batch_size, "beta 0"] = sgd_step(
                 module, ddp_model, rollout, update_args(module, micro_batch_size, beta=0.0)
             )
+            # Adam, 2 epochs × 2 minibatches, 8 groups (4 per process) of which 5 have no signal: with and without the skip
+            args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
+            for skip in (True, False):
+                model = tiny_gpt2()
+                rollout = shard(module, fixed_rollout(module, model, num_groups=8, no_signal=(1, 2, 4, 5, 7)), rank, world_size)
+                ddp_model = torch.nn.parallel.DistributedDataParallel(model)
+                steps[name, micro_batch_size, "adam", skip] = adam_update(module, ddp_model, rollout, args, skip)[0]
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
     torch.distributed.destroy_process_group()
@@ -54,7 +63,7 @@ if __name__ == "__main__":
         if rank == 0:
             print(f"=== {name}.py", flush=True)
         sys.argv = [f"{name}.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8",
-                    "--micro-batch-size", "4"]
+                    "--num-minibatches", "2", "--micro-batch-size", "4"]
         trained = runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")["model"]
         checksum = sum(p.double().square().sum().item() for p in trained.parameters())  # DDP keeps the copies equal
         with open(os.path.join(out, name, f"weights_rank{rank}.txt"), "w") as f:

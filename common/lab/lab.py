@@ -240,7 +240,7 @@ def key_numbers(name, results):
             add("zero-signal share of the trained groups, last 10 iterations",
                 [window_mean(r, "charts/zero_signal_fraction", last=10) for r in runs])
             add("zero-signal share of the sampled groups, last 10 iterations",
-                [1 - window_mean(r, "charts/signal_group_fraction", last=10) if "charts/signal_group_fraction" in r
+                [1 - window_mean(r, "charts/mixed_group_fraction", last=10) if "charts/mixed_group_fraction" in r
                  else window_mean(r, "charts/zero_signal_fraction", last=10) for r in runs])
             add("responses generated in the run",
                 [sum(samples_per_iteration(r, s) for s in series(r, "charts/reward")[0]) for r in runs])
@@ -283,14 +283,14 @@ def panels(name, results):
                                      for r in runs)
         sampled = {}
         for label, runs in results.items():
-            tag = "charts/signal_group_fraction" if "charts/signal_group_fraction" in runs[0] else "charts/zero_signal_fraction"
+            tag = "charts/mixed_group_fraction" if "charts/mixed_group_fraction" in runs[0] else "charts/zero_signal_fraction"
             steps, med, low, high = band(runs, tag)
-            if tag == "charts/signal_group_fraction":
+            if tag == "charts/mixed_group_fraction":
                 med, low, high = [1 - v for v in med], [1 - v for v in high], [1 - v for v in low]
-            sampled[label + (" (sampled)" if tag == "charts/signal_group_fraction" else " (sampled = trained)")] = (
+            sampled[label + (" (sampled)" if tag == "charts/mixed_group_fraction" else " (sampled = trained)")] = (
                 steps, med, low, high)
         trained = {label + " (trained)": curve for label, curve in per_arm("charts/zero_signal_fraction").items()
-                   if "charts/signal_group_fraction" in results[label][0]}  # without dynamic sampling: the same curve
+                   if "charts/mixed_group_fraction" in results[label][0]}  # without dynamic sampling: the same curve
         return [("groups without signal (all equally right)", "share of groups", "iteration", {**sampled, **trained}),
                 ("held-out accuracy", "accuracy", "responses generated",
                  per_arm("charts/accuracy", window=1, x=generated)),

@@ -291,8 +291,11 @@ def grpo_args(flags: list[str], **fields):
     import tyro
 
     import grpo
+    from common.llm import resolve_defaults
 
-    return tyro.cli(grpo.Args, args=flags + [f"--{k.replace('_', '-')}={v}" for k, v in fields.items()])
+    args = tyro.cli(grpo.Args, args=flags + [f"--{k.replace('_', '-')}={v}" for k, v in fields.items()])
+    resolve_defaults(args)
+    return args
 
 
 def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> None:
