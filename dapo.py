@@ -2,8 +2,9 @@
 
 PPO without a critic, for language models. For each prompt x the frozen behaviour policy π_θold
 samples a group of G responses, a verifiable reward R scores each one, and the group is its own
-baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate
-that keeps the ratios π_θ/π_θold near 1, with a KL penalty to the frozen starting model π_ref:
+baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate that
+keeps the ratios π_θ/π_θold near 1; a KL penalty of weight β can also keep it near the starting
+model π_ref:
 
     Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + δ)                    eq. (90)-(91)
     r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)               eq. (95)
@@ -12,9 +13,10 @@ that keeps the ratios π_θ/π_θold near 1, with a KL penalty to the frozen sta
 
 (δ = 1e-6 only keeps a group of equal rewards from dividing by zero; ε_low, ε_high are the clip range.)
 The equation numbers are those of the repo's equation page, common/EQUATIONS.md.
-The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model
-of the same size. The KL term is the k3 estimator per token (Schulman 2020, "Approximating KL
-divergence"), averaged like the policy term.
+The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model of
+the same size. DAPO drops the KL term (β = 0): the policy is meant to move far from the starting
+model. With --beta > 0 it is the k3 estimator per token (Schulman 2020, "Approximating KL
+divergence"), averaged over all the tokens of the batch like the policy term.
 
 What changes from grpo.py, and why (the DAPO paper's list and its ablation table):
 1. Clip-higher, eq. (101): ε_high = 0.28 > ε_low = 0.2. A symmetric clip stops an unlikely token
@@ -34,9 +36,10 @@ What changes from grpo.py, and why (the DAPO paper's list and its ablation table
    masks cut responses out of the loss, so a sound but unfinished answer is not punished as wrong.
 5. No KL penalty (β = 0): the policy is meant to move far from the starting model.
 
-One iteration: sample B prompts → G responses each from π_θold (one batched `generate` call)
-→ rewards → group advantages → log-probs under π_θold and π_ref, without gradients → E epochs
-of minibatch gradient steps on the loss (several steps, so the ratio leaves 1) → log.
+One iteration: sample B prompts → G responses each from π_θold → rewards → group advantages →
+log-probs under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the
+loss (several steps, so the ratio leaves 1) → log. The G responses of a group share their prompt:
+it is read once when sampling, scoring and updating, and minibatches hold whole groups.
 The same file runs on several GPUs (torchrun, data parallel) and with LoRA: see the README.
 What is not the method (loading a model, prompts, torchrun, logging) lives in common/llm.py.
 
@@ -50,6 +53,7 @@ import copy
 import os
 import random
 import time
+from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import NamedTuple, Optional
 
@@ -58,17 +62,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.llm import (
-    LOGITS_PER_CHUNK, IterationLog, Minibatch, ModelArgs, add_lora, answer_stop, check_prompt_length, decode,
-    draw_minibatches, eos_token_ids, few_shot_line, format_prompts, frozen_weights_to_bfloat16, global_fraction,
-    global_mean, gradient_sync, holds_stop, init_distributed, is_embedded, load_policy, pad_cat, parse_args,
-    position_ids, refuse_bad_args, resolve_defaults, resolve_model_path, rollout_stats, save_model, stop_mask,
-)
+from common import llm
 from common.tasks import EVAL_SEED, get_task
 
 
 @dataclass
-class Args(ModelArgs):
+class Args(llm.ModelArgs):
     # Sampling
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
@@ -96,7 +95,7 @@ class Args(ModelArgs):
     """global gradient-norm clip"""
     # The objective: what the sibling files change
     beta: float = 0.0
-    """β: weight of the KL penalty to the reference model; 0 (DAPO's choice) needs no reference model"""
+    """β: weight of the KL penalty to the reference model; 0 needs no reference model"""
     kl_estimator: str = "k3"
     """per-token KL estimator: k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − log(π_ref/π) − 1"""
     clip_eps_low: float = 0.2
@@ -174,7 +173,7 @@ def dynamic_sampling(model, tokenizer, task, rng, num_prompts: int, args: Args, 
         pairs = task.prompts(num_prompts, rng)
         with autocast:
             samples = sample(model, tokenizer, task, [p for p, _ in pairs], args, device, num_samples=args.group_size)
-        texts = decode(tokenizer, samples.responses, samples.mask)
+        texts = llm.decode(tokenizer, samples.responses, samples.mask)
         targets = [target for _, target in pairs for _ in range(args.group_size)]
         # 4. Rewards: DAPO's rule-based reward, +1 right and −1 wrong (DAPO §2.4), plus the soft overlong penalty
         # in [−1, 0] (§3.4); so a right answer cut at the cap (0) still beats a wrong one (−1 or less).
@@ -189,12 +188,12 @@ def dynamic_sampling(model, tokenizer, task, rng, num_prompts: int, args: Args, 
     keep = fill_batch(mixed, num_prompts)  # groups
     rows = (keep.unsqueeze(1) * args.group_size + torch.arange(args.group_size, device=device)).flatten()
     samples = Samples(
-        pad_cat([s.prompt_ids for s in sampled], tokenizer.pad_token_id, left=True)[keep],
-        pad_cat([s.prompt_mask for s in sampled], 0, left=True)[keep],
-        pad_cat([s.responses for s in sampled], tokenizer.pad_token_id, left=False)[rows],
-        pad_cat([s.mask for s in sampled], 0, left=False)[rows],
+        llm.pad_cat([s.prompt_ids for s in sampled], tokenizer.pad_token_id, left=True)[keep],
+        llm.pad_cat([s.prompt_mask for s in sampled], 0, left=True)[keep],
+        llm.pad_cat([s.responses for s in sampled], tokenizer.pad_token_id, left=False)[rows],
+        llm.pad_cat([s.mask for s in sampled], 0, left=False)[rows],
         torch.cat([s.truncated for s in sampled])[rows],
-        pad_cat([s.entropies for s in sampled], 0, left=False)[rows],
+        llm.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],
     )
     accuracies, rewards = (torch.cat([r[k] for r in rounds])[rows] for k in (1, 2))
     sampling = {"charts/sampling_rounds": len(rounds), "charts/mixed_group_fraction": mixed.float().mean().item()}
@@ -237,7 +236,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
     """Refuse bad input with one clear line, before anything heavy is loaded (the shared flags: common/llm.py)."""
     groups_per_process = args.prompts_per_iteration // world_size
     minibatch = groups_per_process // max(args.num_minibatches, 1) * args.group_size  # responses
-    refuse_bad_args(args, [
+    llm.refuse_bad_args(args, [
         (args.group_size >= 2, f"--group-size must be >= 2 (the group is the baseline), got {args.group_size}"),
         (args.prompts_per_iteration >= 1, f"--prompts-per-iteration must be >= 1, got {args.prompts_per_iteration}"),
         (args.prompts_per_iteration % world_size == 0,
@@ -281,7 +280,7 @@ def reference_model(model, args: Args, bf16: bool = False):
         return model
     ref_model = copy.deepcopy(model).eval().requires_grad_(False)
     if bf16:
-        frozen_weights_to_bfloat16(ref_model)
+        llm.frozen_weights_to_bfloat16(ref_model)
     return ref_model
 
 
@@ -291,16 +290,6 @@ def reference_scoring(ref_model, args: Args):
 
 
 # ---------------------------------------------------------------- sampling responses: each prompt read once
-
-def entropy(logits: Tensor) -> Tensor:
-    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [...]; a few positions
-    at a time."""
-    flat = logits.reshape(-1, logits.shape[-1])  # [positions, vocab]
-    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
-    return torch.cat([
-        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in flat.split(positions)
-    ]).view(logits.shape[:-1])
-
 
 def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     """mask [N, T]: 1 up to and including the first EOS; truncated [N]: no EOS within max_new_tokens.
@@ -334,14 +323,14 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
     step then runs one new token of every response.
     """
-    texts = format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
-    stop = answer_stop(tokenizer, task, args.few_shot)
+    texts = llm.format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
+    stop = llm.answer_stop(tokenizer, task, args.few_shot)
     # a chat template already holds its special tokens
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
-    eos_ids = torch.tensor(eos_token_ids(model, tokenizer), device=device)
+    eos_ids = torch.tensor(llm.eos_token_ids(model, tokenizer), device=device)
     # Prefill: each prompt once. Position ids count real tokens only (gpt2 has absolute positions).
-    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=position_ids(prompt_mask),
+    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=llm.position_ids(prompt_mask),
                     use_cache=True, logits_to_keep=1)
     cache = prefill.past_key_values
     cache.batch_repeat_interleave(num_samples)  # [B, ...] -> [N, ...]: each prompt's keys and values, G times
@@ -354,12 +343,12 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
         logits = logits / args.temperature
-        entropies.append(entropy(logits))
+        entropies.append(llm.entropy(logits))
         token = logits.argmax(dim=-1) if greedy else torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
-            ended = ended | holds_stop(tokenizer, torch.stack(tokens, dim=1), stop)
+            ended = ended | llm.holds_stop(tokenizer, torch.stack(tokens, dim=1), stop)
         if ended.all():
             break
         # Decode: the new token of every response, its keys and values added to the cache.
@@ -369,7 +358,7 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     responses = torch.stack(tokens, dim=1)  # [N, T]
     mask, truncated = response_mask(responses, eos_ids)
     if stop is not None:  # a base model's answer ends at the stop string (the token that completes it included)
-        cut = stop_mask(tokenizer, responses, mask, stop)
+        cut = llm.stop_mask(tokenizer, responses, mask, stop)
         truncated = truncated & (cut.sum(dim=1) == mask.sum(dim=1))  # an answer that ended is not cut short
         mask = cut
     return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1))
@@ -384,7 +373,7 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     for greedy in (False, True):
         with autocast:
             samples = sample(model, tokenizer, task, prompts, args, device, num_samples=1, greedy=greedy)
-        texts = decode(tokenizer, samples.responses, samples.mask)
+        texts = llm.decode(tokenizer, samples.responses, samples.mask)
         accuracies.append(sum(task.reward(text, target) for text, target in zip(texts, targets)) / len(targets))
     return accuracies[0], accuracies[1]
 
@@ -410,14 +399,14 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
         if prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
             prefix_mask = prompt_mask[:, :-1]
             cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prefix_mask,
-                          position_ids=position_ids(prefix_mask), use_cache=True, logits_to_keep=1).past_key_values
+                          position_ids=llm.position_ids(prefix_mask), use_cache=True, logits_to_keep=1).past_key_values
             cache.reorder_cache(prompt_index)  # [distinct prompts, ...] -> [n, ...]: each response its prompt's copy
         input_ids = torch.cat([prompt_ids[prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
     attention_mask = F.pad(prompt_mask[prompt_index], (0, responses.shape[1] - 1), value=1)  # [n, P + T − 1]
     logits = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
-        position_ids=position_ids(attention_mask)[:, -input_ids.shape[1] :],
+        position_ids=llm.position_ids(attention_mask)[:, -input_ids.shape[1] :],
         past_key_values=cache,
         use_cache=cache is not None,
         logits_to_keep=responses.shape[1],  # only the T positions that predict response tokens
@@ -429,12 +418,20 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
     A few positions at a time: logsumexp's temporaries are then [positions, vocab], and the logits alone are the peak."""
-    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
+    positions = max(1, llm.LOGITS_PER_CHUNK // logits.shape[-1])
     flat_logits, flat_tokens = logits.flatten(0, 1), tokens.flatten()  # [N*T, vocab], [N*T]
     return torch.cat([
         chunk.gather(-1, chunk_tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
         for chunk, chunk_tokens in zip(flat_logits.split(positions), flat_tokens.split(positions))
     ]).view_as(tokens)
+
+
+def logprobs_of(model, batch, inds: Tensor, args: Args, autocast) -> Tensor:
+    """log π of the sampled tokens of the responses `inds` of a batch (Samples or Rollout), in one pass: [n, T]."""
+    with autocast:
+        logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, inds // args.group_size,
+                                 batch.responses[inds], args.temperature, not args.gradient_checkpointing)
+    return token_logprobs(logits, batch.responses[inds])
 
 
 class Rollout(NamedTuple):
@@ -450,7 +447,7 @@ class Rollout(NamedTuple):
 
 
 @torch.no_grad()
-def score_responses(model, ref_model, samples: Samples, first_epoch: list[Minibatch], args: Args, autocast):
+def score_responses(model, ref_model, samples: Samples, first_epoch: list[llm.Minibatch], args: Args, autocast):
     """Log-probs of the sampled tokens under π_θold (the model as it sampled) and π_ref, [N, T] each (π_ref: None
     when β = 0): fixed targets of the update, no gradient. Scored in the very passes of the first epoch's update,
     since GPU kernels round by shape: the first ratio is then exactly 1. Responses that no pass runs (β = 0, no
@@ -459,20 +456,16 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list[Miniba
     ref_logprobs = None if ref_model is None else torch.zeros_like(old_logprobs)
     model.eval()
     for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:
-        rows = (samples.prompt_ids, samples.prompt_mask, inds // args.group_size, samples.responses[inds])
-        with autocast:
-            logits = response_logits(model, *rows, args.temperature, not args.gradient_checkpointing)
-        old_logprobs[inds] = token_logprobs(logits, samples.responses[inds])
+        old_logprobs[inds] = logprobs_of(model, samples, inds, args, autocast)
         if ref_model is not None:
-            with reference_scoring(ref_model, args), autocast:
-                logits = response_logits(ref_model, *rows, args.temperature, not args.gradient_checkpointing)
-            ref_logprobs[inds] = token_logprobs(logits, samples.responses[inds])
+            with reference_scoring(ref_model, args):
+                ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, autocast)
     return old_logprobs, ref_logprobs
 
 
 # ---------------------------------------------------------------- the update: minibatches of whole groups
 
-def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[Minibatch]], args: Args, autocast) -> dict:
+def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[llm.Minibatch]], args: Args, autocast) -> dict:
     """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats.
 
     `epochs` holds each epoch's minibatches of whole groups (common/llm.py: draw_minibatches), so that a pass
@@ -485,22 +478,17 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[Minibatc
     trainable = [p for p in model.parameters() if p.requires_grad]
     model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing
     stats = {"policy_loss": [], "grad_norm": []}
-    sums = {"signal_tokens": 0.0, "clipped": 0.0, "tokens": 0.0, "kl": 0.0}  # over all passes, for the fractions
+    sums = defaultdict(float)  # token counts over all passes, for the fractions below
     for minibatches in epochs:
         for minibatch in minibatches:
             # eq. (102)'s normaliser: the active tokens of the whole optimiser step. DDP averages the gradients of
             # the processes, so each divides by the mean count per process: the average is Σ all tokens / all tokens.
-            num_active_tokens = global_mean(rollout.mask[minibatch.rows].sum().item())
+            num_active_tokens = llm.global_mean(rollout.mask[minibatch.rows].sum().item())
             optimizer.zero_grad()
             step_loss = 0.0  # the minibatch's loss, whichever passes compute it
             for number, inds in enumerate(minibatch.passes):
-                with gradient_sync(model, last=number == len(minibatch.passes) - 1):
-                    with autocast:
-                        logits = response_logits(
-                            model, rollout.prompt_ids, rollout.prompt_mask, inds // args.group_size,
-                            rollout.responses[inds], args.temperature, not args.gradient_checkpointing,
-                        )
-                    logprobs = token_logprobs(logits, rollout.responses[inds])
+                with llm.gradient_sync(model, last=number == len(minibatch.passes) - 1):
+                    logprobs = logprobs_of(model, rollout, inds, args, autocast)
                     old_logprobs, mask = rollout.old_logprobs[inds], rollout.mask[inds]
                     ref_logprobs = None if rollout.ref_logprobs is None else rollout.ref_logprobs[inds]
                     loss = policy_loss(
@@ -532,22 +520,21 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[Minibatc
             stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(trainable, args.max_grad_norm).item())
             optimizer.step()
     # Token fractions of the whole update, over all processes: whatever the passes, the same numbers.
-    stats["clipfrac"] = [global_fraction(sums["clipped"], sums["signal_tokens"])]
+    stats["clipfrac"] = [llm.global_fraction(sums["clipped"], sums["signal_tokens"])]
     if args.beta > 0:
-        stats["kl_ref"] = [global_fraction(sums["kl"], sums["tokens"])]
+        stats["kl_ref"] = [llm.global_fraction(sums["kl"], sums["tokens"])]
     return stats
 
 
 if __name__ == "__main__":
-    args = parse_args(Args)
-    defaults = resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
-    if args.overlong_buffer is None:  # L_cache: the paper's is a fifth of the cap (4,096 of 20,480 tokens)
-        source = "the embedded models" if is_embedded(args.model) else "DAPO: a fifth of --max-new-tokens"
-        args.overlong_buffer = 3 if is_embedded(args.model) else args.max_new_tokens // 5
-        defaults.append(f"--overlong-buffer {args.overlong_buffer}  ({source})")
+    args = llm.parse_args(Args)
+    defaults = llm.resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
+    if args.overlong_buffer is None:  # L_cache: a fifth of the cap, as the paper's 4,096 of 20,480 tokens
+        args.overlong_buffer = 3 if llm.is_embedded(args.model) else args.max_new_tokens // 5
+        defaults.append(f"--overlong-buffer {args.overlong_buffer}  (DAPO's L_cache: a fifth of the cap; 3 for the embedded models)")
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-    model_path = resolve_model_path(args.model)
-    rank, world_size, device = init_distributed(args.cuda)
+    model_path = llm.resolve_model_path(args.model)
+    rank, world_size, device = llm.init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
     task = get_task(args.task, args.eval_task)
     run_name = f"{task.name}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
@@ -561,25 +548,25 @@ if __name__ == "__main__":
     bf16 = device.type == "cuda"
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
 
-    tokenizer, model = load_policy(args.model, model_path, device, args.float32_logits)
+    tokenizer, model = llm.load_policy(args.model, model_path, device, args.float32_logits)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()  # active in train mode only: the update, not sampling
     if args.lora_rank > 0:
-        model = add_lora(model, args.lora_rank, args.lora_alpha)
+        model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
         if bf16:
-            frozen_weights_to_bfloat16(model)
+            llm.frozen_weights_to_bfloat16(model)
     ref_model = reference_model(model, args, bf16)
     # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
     train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
-    eval_texts = format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
-    check_prompt_length(tokenizer, model, eval_texts, args.max_new_tokens)
+    eval_texts = llm.format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
+    llm.check_prompt_length(tokenizer, model, eval_texts, args.max_new_tokens)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
-    log = IterationLog(
+    log = llm.IterationLog(
         run_name, asdict(args), args.num_iterations, args.eval_every, batch_size * world_size,
         lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
     )
@@ -587,7 +574,7 @@ if __name__ == "__main__":
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
               f"{batch_size * world_size} responses per iteration")
-        for line in defaults + few_shot_line(tokenizer, task, args.few_shot):
+        for line in defaults + llm.few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
     log.begin()
@@ -614,7 +601,7 @@ if __name__ == "__main__":
 
         # The update's minibatches are drawn first, so that π_θold is scored in the very passes of the first epoch.
         epochs = [
-            draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size, args.beta == 0)
+            llm.draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size, args.beta == 0)
             for epoch in range(args.update_epochs)
         ]
         # Log-probs of the sampled tokens under π_θold and π_ref: fixed targets, no gradient.
@@ -628,13 +615,13 @@ if __name__ == "__main__":
             stats = update_policy(train_model, optimizer, rollout, epochs, args, autocast)
 
         # Log: the same tags in every group file, means over all processes; evaluate when due (common/llm.py).
-        scalars = rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies,
+        scalars = llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies,
                                 args.group_size)
         scalars.update(sampling)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
 
     if args.save_model and is_main:
-        save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
+        llm.save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
         print(f"saved to {os.path.join('runs', run_name, 'model')}")
     log.close()
     if world_size > 1:

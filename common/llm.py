@@ -493,6 +493,16 @@ def draw_minibatches(advantages: Tensor, group_size: int, num_minibatches: int, 
 
 # ---------------------------------------------------------------- the bookkeeping of an iteration
 
+def entropy(logits: Tensor) -> Tensor:
+    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [...]; a few positions
+    at a time."""
+    flat = logits.reshape(-1, logits.shape[-1])  # [positions, vocab]
+    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
+    return torch.cat([
+        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in flat.split(positions)
+    ]).view(logits.shape[:-1])
+
+
 def rollout_stats(rewards: Tensor, accuracies: Tensor, advantages: Tensor, mask: Tensor, truncated: Tensor,
                   entropies: Tensor, group_size: int) -> dict:
     """What one iteration's samples look like (this process's share): the tags every group file logs.
@@ -520,13 +530,11 @@ class IterationLog:
     """
 
     def __init__(self, run_name: str, hyperparameters: dict, num_iterations: int, eval_every: int,
-                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device,
-                 trust_stat: str = "clipfrac"):
+                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device):
         from torch.utils.tensorboard import SummaryWriter
 
         self.num_iterations, self.eval_every, self.responses = num_iterations, eval_every, responses_per_iteration
         self.evaluate, self.is_main, self.device = evaluate, is_main, device
-        self.trust_stat = f"losses/{trust_stat}"  # the update's trust-region statistic, shown on the console
         self.folder = os.path.join("runs", run_name)
         self.writer = SummaryWriter(self.folder) if is_main else None
         if is_main:
@@ -578,11 +586,13 @@ class IterationLog:
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
         held_out = f"  {self.held_out(iteration)}" if due else ""
         eta = (time.time() - self.start) / iteration * (self.num_iterations - iteration)
+        # the update's own statistics (the trust region's, the KL): all but its loss and gradient norm
+        update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
+                         if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
         print(
             f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
             f"length {logged['charts/response_length']:.1f}  truncated {logged['charts/truncated_fraction']:.2f}  "
-            f"no-signal {logged['charts/zero_signal_fraction']:.2f}  "
-            f"{self.trust_stat[7:]} {logged.get(self.trust_stat, float('nan')):.3f}  {elapsed:.1f} s/it  "
+            f"no-signal {logged['charts/zero_signal_fraction']:.2f}  {update}{elapsed:.1f} s/it  "
             f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
         )
 

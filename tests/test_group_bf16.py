@@ -163,16 +163,16 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
     probs = torch.softmax(logits, dim=-1)
     whole_entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
     for per_chunk in (3 * 50, 5 * 50, 2 * 5 * 50, 10**9):  # 5 positions (a row), 10 (two rows), everything at once
-        monkeypatch.setattr(module, "LOGITS_PER_CHUNK", per_chunk)
+        monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", per_chunk)
         torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
-        torch.testing.assert_close(module.entropy(logits), whole_entropy, rtol=0, atol=1e-5)
-    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
+        torch.testing.assert_close(llm.entropy(logits), whole_entropy, rtol=0, atol=1e-5)
+    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
-    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 10**9)
+    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 10**9)
     assert torch.equal(one_row, module.token_logprobs(logits, tokens))  # positions are independent: chunks change nothing
     # and the gradient flows through the chunks as through the whole
     logits.requires_grad_(True)
-    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
+    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
     (grad,) = torch.autograd.grad(module.token_logprobs(logits, tokens).sum(), logits)
     (whole_grad,) = torch.autograd.grad(torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).sum(), logits)
     torch.testing.assert_close(grad, whole_grad, rtol=0, atol=1e-6)

@@ -43,7 +43,7 @@ F64 = torch.float64
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
 # method. (What is not the method lives once in common/llm.py.)
 SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits", "Samples",
-          "token_logprobs", "entropy", "response_mask", "sample", "evaluate", "Rollout", "score_responses"]
+          "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout", "score_responses"]
 
 
 @pytest.mark.parametrize("name", SHARED)

@@ -457,7 +457,7 @@ def test_gradients_are_synchronised_once_per_optimiser_step(name, monkeypatch):
         flags.append(last)
         return module.contextlib.nullcontext()
 
-    monkeypatch.setattr(module, "gradient_sync", gradient_sync)
+    monkeypatch.setattr(llm, "gradient_sync", gradient_sync)
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
     for micro_batch_size, expected in ((None, [True, True]), (4, [False, True] * 2), (2, [False, False, False, True] * 2)):
@@ -562,16 +562,16 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
             namespace[name] = types.FunctionType(value.__code__, namespace, name, value.__defaults__, value.__closure__)
     def rollout_stats(rewards, accuracies, *rest):
         logged.append(dict(rewards=rewards.tolist(), accuracies=accuracies.tolist()))
-        return module.rollout_stats(rewards, accuracies, *rest)
+        return llm.rollout_stats(rewards, accuracies, *rest)
 
-    class IterationLog(module.IterationLog):
+    class IterationLog(llm.IterationLog):
         def end_iteration(self, iteration, scalars, *rest):
             logged.append(scalars)
             return super().end_iteration(iteration, scalars, *rest)
 
     logged = []
-    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, rollout_stats=rollout_stats,
-                     IterationLog=IterationLog)
+    recording_llm = types.SimpleNamespace(**{**vars(llm), "rollout_stats": rollout_stats, "IterationLog": IterationLog})
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)

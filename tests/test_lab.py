@@ -192,9 +192,9 @@ def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
             source = f.read()
         assert "charts/zero_signal_fraction" not in source and "right_response_length" not in source, script
         calls[script] = [ast.unparse(node) for node in ast.walk(ast.parse(source))
-                         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "rollout_stats"]
+                         if isinstance(node, ast.Call) and ast.unparse(node.func) == "llm.rollout_stats"]
     assert calls["grpo.py"] == [
-        "rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
+        "llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
     assert calls["dapo.py"] == [
-        "rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
+        "llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
     assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]

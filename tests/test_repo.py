@@ -41,7 +41,7 @@ def imported_modules(path: str) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from common import llm`: common.llm
     return names
 
 
