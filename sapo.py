@@ -537,5 +537,5 @@ if __name__ == "__main__":
         llm.save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
         print(f"saved to {os.path.join('runs', run_name, 'model')}")
     log.close()
-    if world_size > 1:
-        torch.distributed.destroy_process_group()
+    del train_model  # DDP holds the process group: finish_distributed must drop its last reference
+    llm.finish_distributed()  # every process leaves the group together, once process 0 has evaluated and saved

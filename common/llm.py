@@ -13,6 +13,7 @@ scored, the update phase and the main loop. This module holds the rest, once, ta
 """
 
 import contextlib
+import importlib
 import os
 import random
 import time
@@ -421,8 +422,28 @@ def init_distributed(use_cuda: bool) -> tuple[int, int, torch.device]:
         return 0, 1, device
     if cuda:
         torch.cuda.set_device(device)
+    # DDP imports torch.distributed.nn, whose functions take `group=group.WORLD` as a default argument, read once at
+    # import: imported after the group exists, it would hold the group past destroy_process_group (finish_distributed)
+    importlib.import_module("torch.distributed.nn")
     torch.distributed.init_process_group("nccl" if cuda else "gloo")
     return torch.distributed.get_rank(), world_size, device
+
+
+def finish_distributed() -> None:
+    """Leave the process group at the end of a run, every process together; the caller has dropped its DDP wrapper.
+
+    Process 1 reaches the end as soon as its last all-reduce returns; process 0 still evaluates and saves. The barrier
+    holds every process until process 0 is done. destroy_process_group then drops the last reference to the group,
+    whose destructor releases the GIL and joins gloo's worker threads. Otherwise (the group kept alive by DDP, or by
+    torch.distributed.nn: init_distributed) those threads outlive the script: one still freeing the last all-reduce's
+    tensor asks the finalising interpreter for the GIL, is ended inside a noexcept destructor, and the process aborts
+    (`terminate called without an active exception`, SIGABRT; torchrun then kills process 0 mid-evaluation).
+    The wait has the group's timeout, as the wait for every earlier evaluation had. One process: nothing to leave."""
+    if not torch.distributed.is_initialized():
+        return
+    nccl = torch.distributed.get_backend() == "nccl"
+    torch.distributed.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+    torch.distributed.destroy_process_group()
 
 
 def gradient_sync(model, last: bool):
