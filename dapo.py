@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common import llm
+from common import llm, runs
 from common.tasks import EVAL_SEED, get_task
 
 
@@ -365,17 +365,19 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast) -> tuple[float, float]:
-    """Held-out accuracy: sampled at the training temperature (what RL optimises) and greedy."""
+def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast) -> tuple[Tensor, Tensor]:
+    """Held-out rewards: of --eval-samples responses per prompt sampled at the training temperature (what RL
+    optimises), [prompts, k], and of one greedy response, [prompts, 1]."""
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
     model.eval()
-    accuracies = []
-    for greedy in (False, True):
+    rewards = []
+    for num_samples, greedy in ((args.eval_samples, False), (1, True)):
         with autocast:
-            samples = sample(model, tokenizer, task, prompts, args, device, num_samples=1, greedy=greedy)
+            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy)
         texts = llm.decode(tokenizer, samples.responses, samples.mask)
-        accuracies.append(sum(task.reward(text, target) for text, target in zip(texts, targets)) / len(targets))
-    return accuracies[0], accuracies[1]
+        graded = [task.reward(text, target) for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
+        rewards.append(torch.tensor(graded).view(len(prompts), num_samples))
+    return rewards[0], rewards[1]
 
 
 # ---------------------------------------------------------------- log-probs of the sampled tokens: each prompt read once
@@ -537,7 +539,7 @@ if __name__ == "__main__":
     rank, world_size, device = llm.init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
     task = get_task(args.task, args.eval_task)
-    run_name = f"{task.name}__{os.path.basename(__file__)[: -len('.py')]}__{args.seed}__{int(time.time())}"
+    run_name = runs.name(args, task.name, __file__)  # a new runs/ folder, or the resumed run's
 
     # Each process samples other responses; the weights start equal (DDP copies process 0's).
     random.seed(args.seed + rank)
@@ -566,8 +568,11 @@ if __name__ == "__main__":
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
-    log = llm.IterationLog(
-        run_name, asdict(args), args.num_iterations, args.eval_every, batch_size * world_size,
+    # --save-every and --resume; Ctrl-C or SIGTERM ends the iteration in progress, writes a checkpoint and stops.
+    checkpoints = runs.Checkpoints(run_name, model, optimizer, rng, args, rank)
+    first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, every random state
+    log = runs.IterationLog(
+        run_name, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
         lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
     )
     if is_main:
@@ -579,8 +584,8 @@ if __name__ == "__main__":
         print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
     log.begin()
 
-    for iteration in range(1, args.num_iterations + 1):
-        log.begin_iteration()
+    for iteration in range(first_iteration, args.num_iterations + 1):
+        log.begin_iteration(iteration)
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
 
@@ -619,8 +624,10 @@ if __name__ == "__main__":
                                 args.group_size)
         scalars.update(sampling)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
+        if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
+            break
 
-    if args.save_model and is_main:
+    if args.save_model and is_main and not checkpoints.stop_asked:
         llm.save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
         print(f"saved to {os.path.join('runs', run_name, 'model')}")
     log.close()

@@ -16,10 +16,9 @@ import contextlib
 import importlib
 import os
 import random
-import time
 import warnings
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.nn.functional as F
@@ -74,20 +73,42 @@ class ModelArgs:
     float32_logits: bool = True
     """compute the output layer in float32 under bfloat16 autocast, so that π_θold and π_θ agree at ratio 1 (turn
     off only to measure what it fixes)"""
+    eval_samples: int = 1
+    """responses sampled per held-out prompt: k > 1 logs pass@1 and pass@k (and costs k times the sampling)"""
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
+    save_every: int = 0
+    """write a checkpoint every this many iterations (0: only when Ctrl-C or SIGTERM stops the run)"""
+    resume: Optional[str] = None
+    """a run's folder (runs/...): continue it from its latest checkpoint, with its own flags; only --num-iterations
+    (to extend it), --save-every, --eval-every, --eval-size, --eval-samples and --cuda may change"""
+    exp_name: Optional[str] = None
+    """a name of your own for the run, added to its folder's name after the method's"""
 
 
 def parse_args(args_class):
-    """The command line as an `args_class` (tyro: one flag per field, its docstring as help). A pipe closed early
-    (`python grpo.py --help | head`) ends the program quietly, as it does `cat`, instead of with a traceback."""
+    """The command line as an `args_class` (tyro: one flag per field, its docstring as help). With --resume, the
+    resumed run's own flags are the defaults, and a typed flag may change only what a resumed run may change.
+    A pipe closed early (`python grpo.py --help | head`) ends the program quietly, as it does `cat`."""
     import signal
+    import sys
 
     import tyro
 
+    from common import runs
+
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    return tyro.cli(args_class)
+    argv = sys.argv[1:]
+    resume = next((value for flag, value in zip(argv, argv[1:] + [None]) if flag == "--resume"), None)
+    resume = resume or next((a.split("=", 1)[1] for a in argv if a.startswith("--resume=")), None)
+    if resume is None:
+        return tyro.cli(args_class)
+    saved = runs.saved_args(resume)
+    fields = {name for name in args_class.__dataclass_fields__}
+    args = tyro.cli(args_class, default=args_class(**{k: v for k, v in saved.items() if k in fields}))
+    runs.refuse_changed_flags(saved, args)
+    return args
 
 
 def is_embedded(model: str) -> bool:
@@ -133,6 +154,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.lora_alpha > 0, f"--lora-alpha must be > 0, got {args.lora_alpha}"),
         (args.eval_every >= 1, f"--eval-every must be >= 1, got {args.eval_every}"),
         (args.eval_size is None or args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
+        (args.eval_samples >= 1, f"--eval-samples must be >= 1, got {args.eval_samples}"),
+        (args.save_every >= 0, f"--save-every must be >= 0 (0: only when stopped), got {args.save_every}"),
     ]
     for ok, message in checks:
         if not ok:
@@ -541,82 +564,3 @@ def rollout_stats(rewards: Tensor, accuracies: Tensor, advantages: Tensor, mask:
         "charts/truncated_fraction": truncated.float().mean().item(),
         "losses/entropy": ((entropies * mask).sum() / mask.sum().clamp(min=1)).item(),
     }
-
-
-class IterationLog:
-    """Timings, TensorBoard, the console line and the evaluation schedule of a group script's main loop.
-
-    Every process times its phases and joins the cross-process means; process 0 alone writes, prints and
-    evaluates. `evaluate()` returns the held-out (sampled, greedy) accuracy.
-    """
-
-    def __init__(self, run_name: str, hyperparameters: dict, num_iterations: int, eval_every: int,
-                 responses_per_iteration: int, evaluate: Callable[[], tuple[float, float]], is_main: bool, device):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.num_iterations, self.eval_every, self.responses = num_iterations, eval_every, responses_per_iteration
-        self.evaluate, self.is_main, self.device = evaluate, is_main, device
-        self.folder = os.path.join("runs", run_name)
-        self.writer = SummaryWriter(self.folder) if is_main else None
-        if is_main:
-            table = "\n".join(f"|{key}|{value}|" for key, value in hyperparameters.items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-        self.start = self.iteration_start = time.time()
-        self.seconds: dict[str, float] = {}
-
-    def held_out(self, iteration: int) -> str:
-        accuracy, greedy_accuracy = self.evaluate()
-        self.writer.add_scalar("charts/accuracy", accuracy, iteration)
-        self.writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
-        return f"held-out {accuracy:.3f} (greedy {greedy_accuracy:.3f})"
-
-    def begin(self) -> None:
-        """Before training: evaluate the starting model (x = 0 on every curve)."""
-        if self.is_main:
-            print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})")
-        self.start = time.time()
-
-    def begin_iteration(self) -> None:
-        self.iteration_start, self.seconds = time.time(), {}
-
-    @contextlib.contextmanager
-    def phase(self, name: str):
-        """Time one phase of the iteration (generate, logprob, update): logged as perf/{name}_seconds."""
-        start = time.time()
-        yield
-        self.seconds[name] = time.time() - start
-
-    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]], learning_rate: float) -> None:
-        """Log at x = iterations done: means over all processes, written by process 0, then evaluate when due."""
-        elapsed = time.time() - self.iteration_start
-        logged = {
-            **scalars,
-            **{f"losses/{name}": sum(values) / len(values) for name, values in losses.items() if values},
-            **{f"perf/{name}_seconds": seconds for name, seconds in self.seconds.items()},
-            "charts/tokens_per_second": scalars["charts/response_length"] * self.responses / elapsed,
-            "charts/samples_per_second": self.responses / elapsed,
-        }
-        if self.device.type == "cuda":
-            logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        logged = {tag: global_mean(value) for tag, value in logged.items()}
-        if not self.is_main:
-            return
-        self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
-        for tag, value in logged.items():
-            self.writer.add_scalar(tag, value, iteration)
-        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
-        held_out = f"  {self.held_out(iteration)}" if due else ""
-        eta = (time.time() - self.start) / iteration * (self.num_iterations - iteration)
-        # the update's own statistics (the trust region's, the KL): all but its loss and gradient norm
-        update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
-                         if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
-        print(
-            f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
-            f"length {logged['charts/response_length']:.1f}  truncated {logged['charts/truncated_fraction']:.2f}  "
-            f"no-signal {logged['charts/zero_signal_fraction']:.2f}  {update}{elapsed:.1f} s/it  "
-            f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}"
-        )
-
-    def close(self) -> None:
-        if self.is_main:
-            self.writer.close()

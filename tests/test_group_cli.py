@@ -23,7 +23,7 @@ def test_smoke_run_writes_tensorboard(script, tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith(f"addition__{script[:-3]}__1__")
+    assert run_dir.name.startswith(f"addition__{script[:-3]}__tiny_model__1__")
     assert any(f.name.startswith("events.out.tfevents") for f in run_dir.iterdir())
     assert "iteration    2/2" in result.stdout
 

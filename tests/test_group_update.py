@@ -30,7 +30,7 @@ import gspo
 import sapo
 from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, rows_of, sgd_step, tiny_gpt2,
                             update, update_args)
-from common import llm
+from common import llm, runs
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 F64 = torch.float64
@@ -564,14 +564,15 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
         logged.append(dict(rewards=rewards.tolist(), accuracies=accuracies.tolist()))
         return llm.rollout_stats(rewards, accuracies, *rest)
 
-    class IterationLog(llm.IterationLog):
+    class IterationLog(runs.IterationLog):
         def end_iteration(self, iteration, scalars, *rest):
             logged.append(scalars)
             return super().end_iteration(iteration, scalars, *rest)
 
     logged = []
-    recording_llm = types.SimpleNamespace(**{**vars(llm), "rollout_stats": rollout_stats, "IterationLog": IterationLog})
-    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm)
+    recording_llm = types.SimpleNamespace(**{**vars(llm), "rollout_stats": rollout_stats})
+    recording_runs = types.SimpleNamespace(**{**vars(runs), "IterationLog": IterationLog})
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm, runs=recording_runs)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)

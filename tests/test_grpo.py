@@ -168,8 +168,10 @@ def test_base_model_has_headroom(tiny):
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
-    sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"), grpo.Args(max_new_tokens=8, few_shot=0), "cpu", torch.autocast("cpu", enabled=False))
-    assert 0.25 <= sampled <= 0.6 and greedy > sampled
+    sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"),
+                                    grpo.Args(max_new_tokens=8, few_shot=0), "cpu", torch.autocast("cpu", enabled=False))
+    assert sampled.shape == greedy.shape == (200, 1)
+    assert 0.25 <= sampled.mean() <= 0.6 and greedy.mean() > sampled.mean()
 
 
 # ---------------------------------------------------------------- bad input, in-process: one clear line each
@@ -239,7 +241,7 @@ def scalars(run_dir, tag):
 def test_cli_smoke_run_writes_tensorboard_and_saves(tmp_path):
     run("grpo.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-every", "1", "--eval-size", "16", "--save-model", cwd=tmp_path)
     (run_dir,) = (tmp_path / "runs").iterdir()
-    assert run_dir.name.startswith("addition__grpo__1__")
+    assert run_dir.name.startswith("addition__grpo__tiny_model__1__")  # {task}__{method}__{model}__{seed}__{time}
     for tag in ("charts/reward", "charts/accuracy", "losses/policy_loss", "losses/kl_ref", "losses/clipfrac", "charts/tokens_per_second"):
         assert len(scalars(str(run_dir), tag)) >= 2, tag
     assert (run_dir / "model" / "model.safetensors").exists() and (run_dir / "model" / "tokenizer.json").exists()

@@ -91,36 +91,6 @@ def test_rollout_stats_by_hand():
     assert dapo_stats["charts/reward"] == pytest.approx((1 - 1.5 + 0.8 + 1 - 1.1 - 1) / 6)
 
 
-def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    evaluations = []
-
-    def evaluate():
-        evaluations.append(len(evaluations))
-        return 0.5, 0.75
-
-    log = llm.IterationLog("run", {"lr": 1.0}, num_iterations=5, eval_every=2, responses_per_iteration=4,
-                           evaluate=evaluate, is_main=True, device=torch.device("cpu"))
-    log.begin()
-    scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,
-               "charts/truncated_fraction": 0.5, "charts/zero_signal_fraction": 0.125}
-    for iteration in range(1, 6):
-        log.begin_iteration()
-        with log.phase("generate"):
-            pass
-        log.end_iteration(iteration, scalars, {"clipfrac": [0.2], "policy_loss": [0.1, 0.3]}, learning_rate=1e-3)
-    log.close()
-    lines = capsys.readouterr().out.splitlines()
-    assert len(evaluations) == 4  # at the start, at 2 and 4, and at the end (5)
-    assert lines[0].startswith("iteration    0  held-out 0.500 (greedy 0.750)") and "runs/run" in lines[0]
-    assert len(lines) == 6
-    assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  clipfrac 0.200  ")
-    assert " s/it  " in lines[1] and " tok/s  ETA " in lines[1]
-    assert "held-out" not in lines[1] and "held-out 0.500" in lines[2] and "held-out" not in lines[3]
-    assert "held-out" in lines[5]
-    assert (tmp_path / "runs" / "run").is_dir()
-
-
 def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="error: --model .*no such .gguf file"):
         llm.resolve_model_path(str(tmp_path / "model.gguf"))

@@ -5,11 +5,14 @@
    and running them all; process 0 saves the parameters for the test to compare with the one-process steps;
 2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
    folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
-   weights, which must agree (the processes sample different responses; DDP keeps one model). Not a test file."""
+   weights, which must agree (the processes sample different responses; DDP keeps one model);
+3. grpo.py for 4 iterations straight, and again stopped by a SIGTERM to each process after iteration 2 and resumed
+   (--resume): process 0's logs and saved model, for the test to compare. Not a test file."""
 
 import importlib
 import os
 import runpy
+import signal
 import sys
 
 import torch
@@ -68,4 +71,26 @@ if __name__ == "__main__":
         checksum = sum(p.double().square().sum().item() for p in trained.parameters())  # DDP keeps the copies equal
         with open(os.path.join(out, name, f"weights_rank{rank}.txt"), "w") as f:
             f.write(repr(checksum))
+        sys.stdout.flush()
+
+    from common import runs  # noqa: E402
+
+    flags = ["--num-iterations", "4", "--eval-every", "2", "--prompts-per-iteration", "4", "--eval-size", "8",
+             "--num-minibatches", "2", "--save-model"]
+    real_end = runs.IterationLog.end_iteration
+
+    def stopped_after_2(self, iteration, *rest):
+        real_end(self, iteration, *rest)
+        if iteration == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # each process gets its own, as from torchrun or a scheduler
+
+    for index, (part, argv) in enumerate([("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]):
+        os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + index)
+        os.makedirs(os.path.join(out, "resume", part), exist_ok=True)
+        os.chdir(os.path.join(out, "resume", "stopped" if part == "resumed" else part))
+        runs.IterationLog.end_iteration = stopped_after_2 if part == "stopped" else real_end
+        if part == "resumed":
+            argv = argv + [os.path.join("runs", os.listdir("runs")[0])]
+        sys.argv = ["grpo.py", *argv]
+        runpy.run_path(os.path.join(ROOT, "grpo.py"), run_name="__main__")
         sys.stdout.flush()

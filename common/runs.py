@@ -1,0 +1,335 @@
+"""The life of a run, the same for every group file: its name and folder, the console and TensorBoard, the
+evaluation schedule, checkpoints that resume bit for bit, and stopping cleanly.
+
+1. `name`: runs/{task}__{file}[-{exp_name}]__{model}__{seed}__{time}, or the resumed run's own folder.
+2. `IterationLog`: phase timings and a status line that moves during long phases, TensorBoard tags, one console
+   line per iteration, the held-out evaluations on their schedule, and the one-line errors of a run that cannot
+   go on (an unwritable folder, a GPU out of memory).
+3. `Checkpoints`: --save-every, --resume, and SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption), which end the
+   iteration in progress, write a checkpoint and stop with one line saying how to resume.
+
+A checkpoint holds everything the run draws from, so a resumed run is the uninterrupted one: the trained weights
+(with LoRA, the adapters), Adam's state, the iteration, the resolved flags, and every random state (Python's,
+NumPy's, torch's on the CPU and the GPU, the prompt sampler's: one file per process). It is written to a new
+folder, then named the latest: a kill mid-write leaves the previous checkpoint whole.
+"""
+
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from common.llm import global_mean
+
+# Flags a resumed run may change (the rest are the run's, or the resumed run would not be the same run).
+MAY_CHANGE_ON_RESUME = ("resume", "num_iterations", "save_every", "eval_every", "eval_size", "eval_samples", "cuda")
+STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
+
+
+def name(args, task_name: str, script: str) -> str:
+    """The run's name, the same on every process: its folder under runs/ when resuming, else a new one that tells
+    runs apart by task, method (and --exp-name), model, seed and start time."""
+    if args.resume:
+        return os.path.basename(os.path.normpath(args.resume))
+    method = os.path.basename(script).removesuffix(".py") + (f"-{args.exp_name}" if args.exp_name else "")
+    model = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
+    base = f"{task_name}__{method}__{model}__{args.seed}__{int(time.time())}"
+    run_name, copy = base, 2
+    while os.path.exists(os.path.join("runs", run_name)):  # two runs started in the same second
+        run_name, copy = f"{base}-{copy}", copy + 1
+    if torch.distributed.is_initialized():  # the processes may straddle a second: process 0's name for all
+        shared = [run_name]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        run_name = shared[0]
+    return run_name
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased estimate of pass@k from n samples of which c are right: 1 − C(n − c, k) / C(n, k) (Chen et al.
+    2021, arXiv 2107.03374), the chance that k of the n samples, drawn without replacement, hold a right one."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+# ---------------------------------------------------------------- the console, TensorBoard and the evaluations
+
+OUT_OF_MEMORY = ("error: the GPU ran out of memory in the {phase} phase: lower --micro-batch-size (responses per "
+                 "forward pass), add --gradient-checkpointing, train LoRA adapters (--lora-rank 16) or lower "
+                 "--max-new-tokens")
+
+
+class IterationLog:
+    """Timings, TensorBoard, the console line and the evaluation schedule of a group script's main loop.
+
+    Every process times its phases and joins the cross-process means; process 0 alone writes, prints and
+    evaluates. `evaluate()` returns the held-out rewards of k sampled responses per prompt and of a greedy one.
+    """
+
+    def __init__(self, run_name: str, hyperparameters: dict, first_iteration: int, num_iterations: int,
+                 eval_every: int, responses_per_iteration: int, evaluate: Callable[[], tuple], is_main: bool, device):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.first_iteration, self.num_iterations, self.eval_every = first_iteration, num_iterations, eval_every
+        self.responses, self.evaluate, self.is_main, self.device = responses_per_iteration, evaluate, is_main, device
+        self.folder = os.path.join("runs", run_name)
+        self.writer = None
+        if is_main:
+            try:
+                os.makedirs(self.folder, exist_ok=True)
+                with open(os.path.join(self.folder, ".writable"), "w"):
+                    pass
+                os.remove(os.path.join(self.folder, ".writable"))
+            except OSError as e:
+                raise SystemExit(f"error: cannot write the run's folder {self.folder} ({e.strerror}): run from a "
+                                 "folder you can write to (runs/ is made in the current folder)")
+            # A resumed run drops what the interrupted one logged after its checkpoint (purge_step).
+            self.writer = SummaryWriter(self.folder, purge_step=first_iteration if first_iteration > 1 else None)
+            table = "\n".join(f"|{key}|{value}|" for key, value in hyperparameters.items())
+            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+        self.start = self.iteration_start = time.time()
+        self.iteration, self.seconds = first_iteration - 1, {}
+        self.never_right = 0  # iterations in a row, from the start, in which no sampled response was right
+
+    def held_out(self, iteration: int) -> str:
+        """Evaluate: accuracy sampled and greedy, and with k samples per prompt, pass@1 and pass@k."""
+        with self.phase("evaluate"):
+            sampled, greedy = self.evaluate()  # rewards, [prompts, k] and [prompts, 1]
+        figures = {"accuracy": sampled.mean().item(), "greedy_accuracy": greedy.mean().item()}
+        n = sampled.shape[1]
+        if n > 1:
+            right = (sampled == 1).sum(dim=1).tolist()
+            figures["pass@1"] = sum(pass_at_k(n, c, 1) for c in right) / len(right)
+            figures["pass@k"] = sum(pass_at_k(n, c, n) for c in right) / len(right)  # k = n = --eval-samples
+        for key, value in figures.items():
+            self.writer.add_scalar(f"charts/{key}", value, iteration)
+        passes = "".join(f", {key.replace('@k', f'@{n}')} {value:.3f}" for key, value in figures.items() if "@" in key)
+        return f"held-out {figures['accuracy']:.3f} (greedy {figures['greedy_accuracy']:.3f}{passes})"
+
+    def begin(self) -> None:
+        """Before training: evaluate the starting model (x = 0 on every curve); a resumed run did so before."""
+        if self.is_main and self.first_iteration == 1:
+            print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})", flush=True)
+        self.start = time.time()
+
+    def begin_iteration(self, iteration: int) -> None:
+        self.iteration, self.iteration_start, self.seconds = iteration, time.time(), {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Time one phase of the iteration (generate, logprob, update, evaluate): logged as perf/{name}_seconds.
+        A phase that runs long shows a status line, so that a slow run does not look like a hung one; a GPU that
+        runs out of memory in it ends the run with one line naming the phase and the flags that cut memory."""
+        start, done = time.time(), threading.Event()
+        status = threading.Thread(target=self._status, args=(name, start, done), daemon=True) if self.is_main else None
+        if status:
+            status.start()
+        try:
+            yield
+        except torch.cuda.OutOfMemoryError:
+            raise SystemExit(OUT_OF_MEMORY.format(phase=name)) from None
+        finally:
+            done.set()
+            if status:
+                status.join()
+        self.seconds[name] = time.time() - start
+
+    def _status(self, name: str, start: float, done: threading.Event) -> None:
+        """Every STATUS_EVERY seconds of a phase, where it stands: rewritten in place on a terminal, a line in a log."""
+        terminal, shown = sys.stdout.isatty(), False
+        while not done.wait(STATUS_EVERY):
+            line = f"iteration {self.iteration:4d}/{self.num_iterations}  {name}... {time.time() - start:.0f}s"
+            print(f"\r{line}" if terminal else line, end="" if terminal else "\n", flush=True)
+            shown = True
+        if shown and terminal:
+            print("\r" + " " * 60 + "\r", end="", flush=True)
+
+    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]], learning_rate: float) -> None:
+        """Log at x = iterations done: means over all processes, written by process 0, then evaluate when due."""
+        elapsed = time.time() - self.iteration_start
+        logged = {
+            **scalars,
+            **{f"losses/{name}": sum(values) / len(values) for name, values in losses.items() if values},
+            **{f"perf/{name}_seconds": seconds for name, seconds in self.seconds.items()},
+            "perf/iteration_seconds": elapsed,
+            "charts/tokens_per_second": scalars["charts/response_length"] * self.responses / elapsed,
+            "charts/samples_per_second": self.responses / elapsed,
+        }
+        if self.device.type == "cuda":
+            logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        logged = {tag: global_mean(value) for tag, value in logged.items()}
+        if not self.is_main:
+            return
+        self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
+        for tag, value in logged.items():
+            self.writer.add_scalar(tag, value, iteration)
+        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
+        held_out = f"  {self.held_out(iteration)}" if due else ""
+        done = iteration - self.first_iteration + 1
+        eta = (time.time() - self.start) / done * (self.num_iterations - iteration)
+        # the update's own statistics (the trust region's, the KL): all but its loss and gradient norm
+        update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
+                         if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
+        print(
+            f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
+            f"length {logged['charts/response_length']:.1f}  truncated {logged['charts/truncated_fraction']:.2f}  "
+            f"no-signal {logged['charts/zero_signal_fraction']:.2f}  {update}{elapsed:.3g} s/it  "
+            f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}", flush=True
+        )
+        self.warn_if_never_right(logged)
+
+    def warn_if_never_right(self, logged: dict) -> None:
+        """Once, when no sampled response has been right in the first 3 iterations: every group is then all wrong,
+        so no advantage is ever nonzero and the run can learn nothing."""
+        self.never_right = self.never_right + 1 if logged["charts/train_accuracy"] == 0 and self.never_right >= 0 else -1
+        if self.never_right == 3:
+            cut = logged["charts/truncated_fraction"]
+            print(f"no sampled response has been right in 3 iterations: nothing can be learned. Usual causes: the "
+                  f"answer is not in the format the reward reads (see 'the model reads' above; a base model needs "
+                  f"--few-shot), --max-new-tokens cuts the answers (truncated {cut:.2f}), or the task is too hard "
+                  f"for the model", flush=True)
+
+    def close(self) -> None:
+        if self.is_main:
+            self.writer.close()
+
+
+# ---------------------------------------------------------------- checkpoints, resuming, stopping on a signal
+
+class Checkpoints:
+    """runs/{run}/checkpoint-{iteration}/ and the file runs/{run}/latest that names the newest one.
+
+    Process 0 writes what the processes share (the trained weights, Adam's state, the iteration and the flags);
+    every process writes its own random states. SIGINT and SIGTERM only ask to stop: the iteration in progress
+    ends, a checkpoint is written, and the run stops (a second signal stops at once, without a checkpoint).
+    """
+
+    def __init__(self, run_name: str, model, optimizer, sampler: random.Random, args, rank: int):
+        self.folder = os.path.join("runs", run_name)
+        self.model, self.optimizer, self.sampler, self.args, self.rank = model, optimizer, sampler, args, rank
+        self.stop_asked, self.first_signal = False, None
+        self.iteration = 0  # the last one done
+        signal.signal(signal.SIGINT, self._ask_to_stop)
+        signal.signal(signal.SIGTERM, self._ask_to_stop)
+
+    def _ask_to_stop(self, number, frame) -> None:
+        # Ctrl-C under torchrun reaches a process twice within a moment (the terminal's SIGINT, torchrun's SIGTERM)
+        if self.first_signal is not None and time.time() - self.first_signal > 2:
+            raise SystemExit(f"stopped at once during iteration {self.iteration + 1}: resume from the last checkpoint "
+                             f"with: {self.resume_command()}")
+        if self.first_signal is None:
+            self.first_signal, self.stop_asked = time.time(), True
+            if self.rank == 0:
+                print(f"\n{signal.Signals(number).name}: stopping after iteration {self.iteration + 1} with a checkpoint "
+                      "(again to stop at once, without one)", flush=True)
+
+    def resume_command(self) -> str:
+        return f"python {os.path.basename(sys.argv[0])} --resume {self.folder}"
+
+    def trained(self) -> dict:
+        """The weights training changes (with LoRA, only the adapters), by name."""
+        return {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
+
+    def save(self, iteration: int) -> None:
+        """Write checkpoint-{iteration}/ in full, then name it the latest, then remove the older ones."""
+        path = os.path.join(self.folder, f"checkpoint-{iteration}")
+        distributed = torch.distributed.is_initialized()
+        if self.rank == 0:
+            shutil.rmtree(path + ".tmp", ignore_errors=True)
+            os.makedirs(path + ".tmp")
+            state = dict(iteration=iteration, weights=self.trained(), optimizer=self.optimizer.state_dict(),
+                         args=vars(self.args))
+            torch.save(state, os.path.join(path + ".tmp", "state.pt"))
+        if distributed:
+            torch.distributed.barrier()  # the folder exists before the other processes write into it
+        randoms = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                       cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                       sampler=self.sampler.getstate())
+        torch.save(randoms, os.path.join(path + ".tmp", f"random-{self.rank}.pt"))
+        if distributed:
+            torch.distributed.barrier()  # every process has written before the checkpoint is named the latest
+        if self.rank == 0:
+            os.replace(path + ".tmp", path)
+            with open(os.path.join(self.folder, "latest.tmp"), "w") as f:
+                f.write(os.path.basename(path))
+            os.replace(os.path.join(self.folder, "latest.tmp"), os.path.join(self.folder, "latest"))
+            for old in os.listdir(self.folder):
+                if old.startswith("checkpoint-") and old != os.path.basename(path):
+                    shutil.rmtree(os.path.join(self.folder, old))
+            size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) / 2**20
+            print(f"checkpoint of iteration {iteration}: {path} ({size:,.0f} MB)", flush=True)
+
+    def restore(self) -> int:
+        """Load the latest checkpoint of --resume into the model, the optimiser and every random state; returns the
+        first iteration still to run."""
+        path = os.path.join(self.folder, latest_checkpoint(self.folder))
+        state = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=False)
+        with torch.no_grad():
+            for name, weight in self.trained().items():
+                weight.copy_(state["weights"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        random_file = os.path.join(path, f"random-{self.rank}.pt")
+        if not os.path.exists(random_file):
+            raise SystemExit(f"error: --resume {self.folder}: {random_file} is missing (was the run on as many "
+                             "processes? run it with the same torchrun --nproc_per_node)")
+        randoms = torch.load(random_file, weights_only=False)
+        random.setstate(randoms["python"])
+        np.random.set_state(randoms["numpy"])
+        torch.set_rng_state(randoms["torch"])
+        if randoms["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(randoms["cuda"])
+        self.sampler.setstate(randoms["sampler"])
+        self.iteration = state["iteration"]
+        if self.rank == 0:
+            print(f"resumed {self.folder} after iteration {self.iteration} ({path})", flush=True)
+        return self.iteration + 1
+
+    def after(self, iteration: int) -> bool:
+        """After an iteration: write a checkpoint when --save-every says so or a stop was asked (on any process);
+        True when the run must stop now."""
+        self.iteration = iteration
+        stop = global_mean(float(self.stop_asked)) > 0
+        if stop or (self.args.save_every and iteration % self.args.save_every == 0):
+            self.save(iteration)
+        if stop and self.rank == 0:
+            print(f"stopped after iteration {iteration}; resume with: {self.resume_command()}", flush=True)
+        return stop
+
+
+def latest_checkpoint(folder: str) -> str:
+    """The name of the newest checkpoint of a run folder; one line when there is none."""
+    try:
+        with open(os.path.join(folder, "latest")) as f:
+            return f.read().strip()
+    except OSError:
+        raise SystemExit(f"error: --resume {folder}: no checkpoint there (a run writes one with --save-every N, "
+                         "or when Ctrl-C or SIGTERM stops it)") from None
+
+
+def saved_args(folder: str) -> dict:
+    """The resolved flags of the run in `folder`, as its latest checkpoint holds them."""
+    path = os.path.join(folder, latest_checkpoint(folder), "state.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)["args"]
+
+
+def refuse_changed_flags(saved: dict, args) -> None:
+    """A resumed run is the same run: one line naming the first flag that differs from the run's own and may not."""
+    for key, value in vars(args).items():
+        if key not in MAY_CHANGE_ON_RESUME and key in saved and saved[key] != value:
+            flag = "--" + key.replace("_", "-")
+            raise SystemExit(f"error: --resume: {flag} {value} differs from the run's {flag} {saved[key]}; a resumed "
+                             f"run may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE_ON_RESUME[1:])}")
+
+
+def args_json(args) -> str:
+    return json.dumps(vars(args), indent=1, default=str)

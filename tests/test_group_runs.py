@@ -1,0 +1,229 @@
+"""The life of a run (common/runs.py), through the group files' own main blocks on the embedded model:
+a run stopped by SIGTERM and resumed is the uninterrupted run, bit for bit (every logged number, the final
+weights), in all five files, with full fine-tuning and with LoRA; a resumed run refuses a changed method flag; a
+checkpoint interrupted while written leaves the previous one whole; one-line errors (out of GPU memory, an
+unwritable folder, no checkpoint); the status line of a long phase; pass@k; the run's name; the warning when
+nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
+
+import os
+import signal
+import threading
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from common import runs
+from conftest import GROUP
+
+FLAGS = ["--num-iterations", "4", "--eval-every", "2", "--eval-size", "8", "--prompts-per-iteration", "4",
+         "--num-minibatches", "2", "--group-size", "4", "--save-model", "--beta", "0.01"]
+# figures of time, not of the run
+TIMING = ("perf/", "charts/tokens_per_second", "charts/samples_per_second")
+
+
+def scalars(run_dir) -> dict:
+    """Every logged number of a run, by (tag, step), read back from all its TensorBoard files."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {(tag, e.step): e.value for tag in acc.Tags()["scalars"] if not tag.startswith(TIMING)
+            for e in acc.Scalars(tag)}
+
+
+def weights(run_dir) -> dict:
+    folder = run_dir / "model"
+    file = folder / ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors")
+    return load_file(str(file))
+
+
+@pytest.fixture
+def stop_after(monkeypatch):
+    """stop_after(k): the run gets a SIGTERM at the end of iteration k, as from a scheduler."""
+    def arm(k):
+        real = runs.IterationLog.end_iteration
+
+        def end_iteration(self, iteration, *rest):
+            real(self, iteration, *rest)
+            if iteration == k:
+                os.kill(os.getpid(), signal.SIGTERM)
+        monkeypatch.setattr(runs.IterationLog, "end_iteration", end_iteration)
+    yield arm
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("name, lora", [(name, False) for name in GROUP] + [("grpo", True)])  # LoRA: shared plumbing
+def test_a_run_stopped_and_resumed_is_the_uninterrupted_run(name, lora, in_process, stop_after):
+    flags = FLAGS + (["--lora-rank", "2", "--learning-rate", "1e-3"] if lora else [])
+    straight, _ = in_process(name, flags, subdir="straight")
+    stop_after(2)
+    stopped, out = in_process(name, flags, subdir="stopped")
+    assert "stopped after iteration 2; resume with: python" in out and f"--resume runs/{stopped.name}" in out
+    assert not (stopped / "model").exists()  # a stopped run saves no final model
+    resumed, out = in_process(name, ["--resume", f"runs/{stopped.name}"], subdir="stopped")
+    assert f"resumed runs/{stopped.name} after iteration 2" in out and "iteration    3/4" in out
+    assert "iteration    0" not in out  # the starting model was evaluated by the first part
+    expected, actual = scalars(straight), scalars(resumed)
+    assert {step for _, step in expected} == {0, 1, 2, 3, 4} and actual.keys() == expected.keys()
+    assert actual == expected  # every logged number, exactly
+    expected_weights, actual_weights = weights(straight), weights(resumed)
+    assert expected_weights.keys() == actual_weights.keys()
+    for key in expected_weights:
+        assert torch.equal(actual_weights[key], expected_weights[key]), key
+
+
+def test_a_resumed_run_keeps_its_flags_refuses_a_changed_one_and_may_be_extended(in_process, stop_after):
+    stop_after(1)
+    stopped, _ = in_process("dapo", FLAGS + ["--clip-eps-high", "0.3"])
+    folder = f"runs/{stopped.name}"
+    with pytest.raises(SystemExit) as e:
+        in_process("dapo", ["--resume", folder, "--clip-eps-high", "0.28"])
+    assert str(e.value).startswith("error: --resume: --clip-eps-high 0.28 differs from the run's --clip-eps-high 0.3;")
+    assert "\n" not in str(e.value) and "--num-iterations" in str(e.value)
+    _, out = in_process("dapo", ["--resume", folder, "--num-iterations", "5"])  # typed: extends the run
+    assert "iteration    5/5" in out and "iteration    2/5" in out
+    with pytest.raises(SystemExit, match=r"^error: --resume runs/nothing: no checkpoint there"):
+        in_process("dapo", ["--resume", "runs/nothing"])
+
+
+def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in_process, monkeypatch):
+    """--save-every 1: the checkpoint of iteration 1 is whole; writing iteration 2's is killed half way (after its
+    state, before the random states): `latest` still names iteration 1's, which is complete and resumes."""
+    real_save, saves = torch.save, []
+
+    def save(obj, path, *a, **k):
+        saves.append(path)
+        if "checkpoint-2" in str(path) and "random-" in str(path):
+            raise KeyboardInterrupt  # as a kill mid-write would, the interpreter gone
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr(torch, "save", save)
+    with pytest.raises(KeyboardInterrupt):
+        in_process("grpo", FLAGS + ["--save-every", "1"])
+    monkeypatch.setattr(torch, "save", real_save)
+    (name,) = os.listdir("runs")
+    folder = os.path.join("runs", name)
+    assert open(os.path.join(folder, "latest")).read() == "checkpoint-1"
+    assert sorted(os.listdir(os.path.join(folder, "checkpoint-1"))) == ["random-0.pt", "state.pt"]
+    _, out = in_process("grpo", ["--resume", folder])
+    assert f"resumed {folder} after iteration 1" in out and "iteration    4/4" in out
+
+
+def test_out_of_gpu_memory_names_the_phase_and_the_flags_that_cut_memory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    with pytest.raises(SystemExit) as e:
+        with log.phase("update"):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    message = str(e.value)
+    assert message.startswith("error: the GPU ran out of memory in the update phase:") and "\n" not in message
+    for flag in ("--micro-batch-size", "--gradient-checkpointing", "--lora-rank", "--max-new-tokens"):
+        assert flag in message
+    log.close()
+
+
+def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file where the runs folder should be")
+    with pytest.raises(SystemExit) as e:
+        runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    assert str(e.value).startswith("error: cannot write the run's folder runs/run") and "\n" not in str(e.value)
+
+
+def test_a_long_phase_shows_where_it_stands(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "STATUS_EVERY", 0.05)
+    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    log.begin_iteration(3)
+    with log.phase("generate"):
+        threading.Event().wait(0.3)
+    with log.phase("update"):  # a short phase says nothing
+        pass
+    log.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) >= 3 and all(line == lines[0][: len(line)] or "generate..." in line for line in lines)
+    assert lines[0].startswith("iteration    3/5  generate... ") and not any("update" in line for line in lines)
+
+
+def test_pass_at_k_unbiased_estimator_by_hand():
+    # n = 4 samples, c = 1 right: pass@1 = 1/4; pass@2 = 1 − C(3, 2)/C(4, 2) = 1 − 3/6; pass@4 = 1
+    assert runs.pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert runs.pass_at_k(4, 1, 2) == pytest.approx(0.5)
+    assert runs.pass_at_k(4, 1, 4) == 1.0 and runs.pass_at_k(4, 0, 4) == 0.0
+    assert runs.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # C(7, 5) = 21, C(10, 5) = 252
+
+
+def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
+    sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
+    greedy = torch.tensor([[1.0], [0], [0]])
+    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: (sampled, greedy), True, torch.device("cpu"))
+    log.begin()
+    log.close()
+    line = capsys.readouterr().out
+    assert line.startswith("iteration    0  held-out 0.500 (greedy 0.333, pass@1 0.500, pass@4 0.667)")
+
+
+def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
+    import grpo
+
+    monkeypatch.chdir(tmp_path)
+    args = grpo.Args(model="runs/SmolLM2-135M-Instruct/model.gguf", exp_name="lr1e-5", seed=3)
+    first = runs.name(args, "addition2", "/repo/grpo.py")
+    assert first.startswith("addition2__grpo-lr1e-5__model__3__")  # a .gguf file: its name without the suffix
+    (tmp_path / "runs" / first).mkdir(parents=True)
+    monkeypatch.setattr(runs.time, "time", lambda: float(first.split("__")[-1]))  # the same second
+    assert runs.name(args, "addition2", "/repo/grpo.py") == first + "-2"
+    assert runs.name(grpo.Args(resume=f"runs/{first}/"), "addition2", "grpo.py") == first
+
+
+def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    log = runs.IterationLog("run", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    scalars = {"charts/train_accuracy": 0.0, "charts/response_length": 3.0, "charts/truncated_fraction": 0.75,
+               "charts/zero_signal_fraction": 1.0}
+    for iteration in range(1, 6):
+        log.begin_iteration(iteration)
+        log.end_iteration(iteration, scalars, {"policy_loss": [0.0]}, 1e-3)
+    log.close()
+    out = capsys.readouterr().out
+    assert out.count("no sampled response has been right in 3 iterations") == 1 and "truncated 0.75" in out
+    log = runs.IterationLog("run2", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    for iteration, accuracy in enumerate((0.0, 0.25, 0.0, 0.0, 0.0), start=1):  # right once: no warning later
+        log.begin_iteration(iteration)
+        log.end_iteration(iteration, {**scalars, "charts/train_accuracy": accuracy}, {"policy_loss": [0.0]}, 1e-3)
+    log.close()
+    assert "no sampled response" not in capsys.readouterr().out
+
+
+def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    evaluations = []
+
+    def evaluate():
+        evaluations.append(len(evaluations))
+        return torch.tensor([[0.5]]), torch.tensor([[0.75]])
+
+    log = runs.IterationLog("run", {"lr": 1.0}, 1, num_iterations=5, eval_every=2, responses_per_iteration=4,
+                            evaluate=evaluate, is_main=True, device=torch.device("cpu"))
+    log.begin()
+    scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,
+               "charts/truncated_fraction": 0.5, "charts/zero_signal_fraction": 0.125}
+    for iteration in range(1, 6):
+        log.begin_iteration(iteration)
+        with log.phase("generate"):
+            pass
+        log.end_iteration(iteration, scalars, {"clipfrac": [0.2], "policy_loss": [0.1, 0.3]}, learning_rate=1e-3)
+    log.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert len(evaluations) == 4  # at the start, at 2 and 4, and at the end (5)
+    assert lines[0].startswith("iteration    0  held-out 0.500 (greedy 0.750)") and "runs/run" in lines[0]
+    assert len(lines) == 6
+    assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  clipfrac 0.200  ")
+    assert " s/it  " in lines[1] and " tok/s  ETA " in lines[1]
+    assert "held-out" not in lines[1] and "held-out 0.500" in lines[2] and "held-out" not in lines[3]
+    assert "held-out" in lines[5]
+    assert (tmp_path / "runs" / "run").is_dir()
