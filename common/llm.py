@@ -14,6 +14,7 @@ scored, the update phase and the main loop. This module holds the rest, once, ta
 
 import contextlib
 import importlib
+import json
 import os
 import random
 import warnings
@@ -27,7 +28,6 @@ from torch import Tensor
 from common.tasks import EVAL_SEED, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EMBEDDED_MODELS = os.path.join(ROOT, "common", "models")  # the toy models shipped with the repo
 LOGITS_PER_CHUNK = 2**24  # log-probs and entropies read ~16M logits (64 MB in float32) at a time, not [N, T, vocab]
 
 
@@ -43,8 +43,9 @@ class ModelArgs:
     """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder or a .gguf file. The default is the embedded tiny model."""
     task: str = "addition"
     """verifiable task (common/tasks.py): addition (the only one the tiny model knows), addition2 (1-2 digits: for
-    SmolLM2-135M-Instruct), subtraction, multiplication, countdown, reverse (for common/models/long_model), or the
-    path of a .jsonl file of {"question": ..., "answer": ...} lines"""
+    SmolLM2-135M-Instruct), subtraction, multiplication, countdown, reverse (for common/models/long_model), the path
+    of a .jsonl file of {"question": ..., "answer": ...} lines (numbers or texts), or of a .py file of your own
+    with prompts(n, rng, split) and reward(response_text, target)"""
     eval_task: Optional[str] = None
     """a .jsonl file of held-out questions (e.g. a dataset's official test file) instead of the hash-split 10 % of
     --task's .jsonl file; --eval-size at least its length evaluates every question once"""
@@ -111,10 +112,30 @@ def parse_args(args_class):
     return args
 
 
+def local_folder(model: str) -> Optional[str]:
+    """The folder a --model names on this machine (relative to the current folder or, for the embedded models, to
+    the repository), or None for a hub id or a .gguf file."""
+    for folder in (model, os.path.join(ROOT, model)):
+        if os.path.isdir(folder):
+            return folder
+    return None
+
+
 def is_embedded(model: str) -> bool:
-    """True for the toy models shipped in common/models/, which keep the small-scale defaults."""
-    folder = model if os.path.isabs(model) else os.path.join(ROOT, model)
-    return os.path.dirname(os.path.normpath(folder)) == EMBEDDED_MODELS
+    """True for the toy models of common/models/ and the models trained from them: their config.json says so
+    (`embedded_toy_model`, which save_pretrained keeps), or a saved LoRA adapter's base model's does. They keep the
+    defaults they were tuned with, wherever they live."""
+    folder = local_folder(model)
+    if folder is None:
+        return False
+    if os.path.exists(os.path.join(folder, "adapter_config.json")):
+        with open(os.path.join(folder, "adapter_config.json")) as f:
+            return is_embedded(json.load(f).get("base_model_name_or_path") or "")
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return bool(json.load(f).get("embedded_toy_model", False))
+    except (OSError, ValueError):
+        return False
 
 
 # Defaults that depend on the model's scale: (embedded toy model, real LLM, where the real value comes from).
@@ -229,11 +250,14 @@ def load_policy(name: str, model_path: str, device, float32_logits: bool = True)
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # one console line per iteration, no loading bars
-    folder, gguf = model_path, {}
-    if model_path.endswith(".gguf"):  # transformers reads the file and dequantises its weights to float32
-        folder, gguf = os.path.dirname(model_path), {"gguf_file": os.path.basename(model_path)}
+    folder, gguf, adapter = model_path, {}, None
+    if os.path.exists(os.path.join(model_path, "adapter_config.json")):  # a saved LoRA adapter: its base model first
+        with open(os.path.join(model_path, "adapter_config.json")) as f:
+            folder, adapter = resolve_model_path(json.load(f)["base_model_name_or_path"]), model_path
+    if folder.endswith(".gguf"):  # transformers reads the file and dequantises its weights to float32
+        folder, gguf = os.path.dirname(folder), {"gguf_file": os.path.basename(folder)}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **gguf)
+        tokenizer = AutoTokenizer.from_pretrained(adapter) if adapter else AutoTokenizer.from_pretrained(folder, **gguf)
         if tokenizer.eos_token_id is None:
             raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses could never end")
         AutoConfig.from_pretrained(folder, trust_remote_code=False, **gguf)  # fails fast, without asking, on custom code
@@ -247,6 +271,11 @@ def load_policy(name: str, model_path: str, device, float32_logits: bool = True)
         plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
         plain.load_state_dict(model.state_dict())
         plain.generation_config, model = model.generation_config, plain
+    if adapter:  # the adapter's update folded into the weights: the model that run saved, to train on from here
+        from peft import PeftModel
+
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft calls the old name
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload().requires_grad_(True)  # loaded frozen
     model = model.to(device)
     # A saved adapter (and tokenizer) names its base model as the user gave it: the hub id, not this machine's cache folder.
     model.name_or_path = model.config._name_or_path = tokenizer.name_or_path = name

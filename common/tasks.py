@@ -74,11 +74,12 @@ run and every method is evaluated on the same questions.
    One JSON object per line (blank lines are skipped), UTF-8:
        {"question": "Ann has 3 apples and buys 4 more. How many now?", "answer": "3 + 4 = 7\\n#### 7"}
        {"prompt": "What is 6 times 7?", "target": 42}
+       {"question": "What is the capital of France?", "answer": "Paris"}
    The question is the value of "prompt" (or, when absent, "question"), a non-empty string; the answer
-   is the value of "answer" (or "target"), a number or a string. In a string the answer is the number
-   after the last "####" (GSM8K writes "...reasoning...\\n#### 72") or else the whole string, which must
-   then be one number; commas as thousands separators are allowed ("1,234"); a number has at most
-   MAX_ANSWER_CHARS characters (a response's longer number is never read). Anything else is an error
+   is the value of "answer" (or "target"), a number or a string. In a string the answer is what follows the
+   last "####" (GSM8K writes "...reasoning...\\n#### 72") or else the whole string: a number (commas as
+   thousands separators are allowed, "1,234"), or else a text, graded by normalised exact match (below); it has
+   at most MAX_ANSWER_CHARS characters (a response's longer answer is never read). Anything else is an error
    naming the file and the line, and so is a line that Python's json cannot hold: nested too deeply, an
    integer of more than 4300 digits, a lone surrogate ("\\ud800", half of a UTF-16 pair, not a character).
    The split hashes the question text; a file must leave at least one question in each split. With a
@@ -106,6 +107,11 @@ run and every method is evaluated on the same questions.
    plain text first ("1\\,234" and "1{,}234" are 1234, "90^\\circ" is "90°"); a zero-width space is a space.
    Only the last number counts, so "84 or 85" is graded on 85: naming several answers gains nothing over naming
    the last one.
+   A text answer ("Paris") is compared with the response's final text: what follows its last "####", else the
+   content of its last \\boxed{...}, else its last non-empty line, without a label in front ("Answer:", "The
+   answer is"); both normalised as SQuAD's exact-match grader does (case, punctuation, the articles a, an, the
+   and extra spaces dropped), so "#### the Eiffel Tower!" is "Eiffel tower" and "Paris, France" is not "Paris".
+   The chat instruction asks for "the final answer after '####'" (as a number when every answer is one).
    Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's calculator
    notes "<<48/2=24>>" removed), else the bare number. default_few_shot = 2 (reasoning is long).
 4. Reverse: "reverse"
@@ -116,9 +122,14 @@ run and every method is evaluated on the same questions.
    (common/models/long_model) answers and then hesitates: it writes a space and a random number of dots
    after the answer; the reward never reads them, so the length of a response does not decide whether
    it is right. Demonstration: the bare answer. default_few_shot = 3.
+5. A task of your own: `--task path/to/my_task.py`, a Python file with prompts(n, rng, split) and
+   reward(response_text, target) (see PluginTask): your data and your verifier, without editing the repository.
+   A reward never raises on model output: the repository's own verifiers are tested for it (tests/test_tasks.py
+   fuzzes them); a task of yours that raises scores 0 on that response, and the first time is reported.
 """
 
 import hashlib
+import importlib.util
 import json
 import math
 import random
@@ -614,10 +625,33 @@ def _lone_surrogate(text: str) -> str | None:
     return None
 
 
-class JsonlTask:
-    """Questions and numeric answers read from a JSON Lines file (format in the module docstring)."""
+def _normalised(text: str) -> str:
+    """A text answer as exact match compares it (SQuAD's grader): lower case, punctuation and the articles a, an,
+    the dropped, spaces collapsed; compatibility forms folded ("ﬁ" is "fi")."""
+    text = unicodedata.normalize("NFKC", text).lower()
+    text = "".join(" " if unicodedata.category(char).startswith("P") else char for char in text)
+    return " ".join(word for word in text.split() if word not in ("a", "an", "the"))
 
-    instruction = "Give the final answer as a number after '####'."
+
+def final_text(response_text: str) -> str:
+    """The text a response answers with: what follows the last "####", else the content of the last \\boxed{...},
+    else its last non-empty line; then without a label in front ("Answer:", "The answer is")."""
+    if "####" in response_text:
+        text = response_text.rsplit("####", 1)[1]
+    elif _last_boxed(response_text) is not None:
+        _, begin, end = _last_boxed(response_text)
+        text = response_text[begin:end]
+    else:
+        lines = [line for line in response_text.splitlines() if line.strip()]
+        text = lines[-1] if lines else ""
+    text = text.strip()
+    label = _LABEL.match(text)
+    return text[label.end() :] if label else text
+
+
+class JsonlTask:
+    """Questions and answers (numbers or texts) read from a JSON Lines file (format in the module docstring)."""
+
     default_few_shot = 2
 
     def __init__(self, path: str, test_path: str | None = None):
@@ -634,6 +668,8 @@ class JsonlTask:
                 self.splits[split].append((question, target, solution))
         if not self.splits["train"] and not self.splits["test"]:
             raise ValueError(f"{path}: no questions (the file is empty)")
+        numbers = all(_DATA_NUMBER.fullmatch(target) for records in self.splits.values() for _, target, _ in records)
+        self.instruction = f"Give the final answer{' as a number' if numbers else ''} after '####'."
         for split, records in self.splits.items():
             if not records and test_path is not None:
                 raise ValueError(f"{path if split == 'train' else test_path}: no questions (the file is empty)")
@@ -688,13 +724,13 @@ class JsonlTask:
             solution = target
         elif isinstance(answer, str):
             final = answer.rsplit("####", 1)[-1].strip()
-            if not _DATA_NUMBER.fullmatch(final):
-                raise ValueError(f"{where}: the answer must be a number or end with '#### <number>', got {answer!r}")
-            target = final.replace(",", "")
+            if not _normalised(final):
+                raise ValueError(f"{where}: the answer is empty (or only punctuation), got {answer!r}")
+            target = final.replace(",", "") if _DATA_NUMBER.fullmatch(final) else final  # a number, or a text
             solution = _CALCULATOR_NOTE.sub("", answer).strip() if "####" in answer else target
         else:
             raise ValueError(f"{where}: needs a number or a string under \"answer\" or \"target\"")
-        if len(target) > MAX_ANSWER_CHARS:  # a response's number that long is never read: no reward could be earned
+        if len(target) > MAX_ANSWER_CHARS:  # a response's answer that long is never read: no reward could be earned
             raise ValueError(f"{where}: the answer has more than {MAX_ANSWER_CHARS} characters")
         return question, target, solution
 
@@ -715,6 +751,8 @@ class JsonlTask:
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
+        if not _DATA_NUMBER.fullmatch(target):  # a text answer: normalised exact match
+            return 1.0 if _normalised(final_text(response_text)) == _normalised(target) else 0.0
         answer = final_answer(response_text)  # at most MAX_ANSWER_CHARS characters: Fraction reads it at once
         return 1.0 if answer is not None and Fraction(answer) == Fraction(target) else 0.0
 
@@ -752,6 +790,57 @@ class Reverse:
         return 1.0 if first is not None and first.group() == target else 0.0
 
 
+# ---------------------------------------------------------------- 5. a task of your own (a Python file)
+
+class PluginTask:
+    """A task of your own, from a Python file given as --task (no edit of the repository):
+
+        def prompts(n, rng, split="train"):  # -> n pairs (prompt text, target text); rng is a random.Random
+        def reward(response_text, target):   # -> a float, 1.0 for a right answer
+        def examples(k, rng):                # optional: k solved (prompt, solution) pairs for --few-shot
+        INSTRUCTION = "..."                  # optional: the answer format, stated to a chat model
+        DEFAULT_FEW_SHOT = 0                 # optional: examples shown to a base model by default
+
+    `split` is "train" or "test": keep the held-out questions apart. A reward never raises on model output: an
+    exception (or a value that is not a finite number) scores 0, and the first one is reported in one line."""
+
+    def __init__(self, path: str):
+        spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        self.module, self.path, self.name = importlib.util.module_from_spec(spec), path, Path(path).stem
+        try:
+            spec.loader.exec_module(self.module)
+        except Exception as e:  # the user's code: whatever it raises, one line
+            raise ValueError(f"--task {path}: importing it failed ({type(e).__name__}: {e})") from None
+        for needed in ("prompts", "reward"):
+            if not callable(getattr(self.module, needed, None)):
+                raise ValueError(f"--task {path}: needs a function {needed}(...) (see common/tasks.py, PluginTask)")
+        self.instruction = getattr(self.module, "INSTRUCTION", "")
+        self.default_few_shot = getattr(self.module, "DEFAULT_FEW_SHOT", 0)
+        self.reported = False
+        pairs = self.module.prompts(2, random.Random(0), "train")
+        if not all(isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
+            raise ValueError(f"--task {path}: prompts(n, rng, split) must return n (prompt, target) pairs of strings")
+
+    def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
+        return [tuple(pair) for pair in self.module.prompts(n, rng, split)]
+
+    def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
+        if hasattr(self.module, "examples"):
+            return list(self.module.examples(k, rng))
+        return self.prompts(k, rng)  # without worked solutions: the target is the demonstration
+
+    def reward(self, response_text: str, target: str) -> float:
+        try:
+            value = float(self.module.reward(response_text, target))
+        except Exception as e:  # the user's code: a reward never raises on model output
+            value = math.nan
+            if not self.reported:
+                print(f"warning: --task {self.path}: reward raised {type(e).__name__}: {e}; such responses score 0 "
+                      "(said once)", file=sys.stderr)
+                self.reported = True
+        return value if math.isfinite(value) else 0.0
+
+
 # ---------------------------------------------------------------- the registry
 
 # The names `--task` accepts besides a .jsonl path. The embedded tiny model (common/models/tiny_model) was
@@ -769,7 +858,7 @@ TASKS = {
 
 
 def get_task(task: str, eval_task: str | None = None):
-    """The task for a `--task` value: a name of TASKS, or the path of a .jsonl file; with `eval_task` (a .jsonl
+    """The task for a `--task` value: a name of TASKS, the path of a .jsonl file or of a .py file (PluginTask); with `eval_task` (a .jsonl
     file, --eval-task) the held-out questions are that file's instead of a hash split of --task's file.
     Raises ValueError with a one-line message otherwise (or naming the file and line of a malformed file)."""
     if eval_task is not None and not task.endswith(".jsonl"):
@@ -778,8 +867,11 @@ def get_task(task: str, eval_task: str | None = None):
         raise ValueError(f"--eval-task must be the path of a .jsonl file, got {eval_task!r}")
     if task in TASKS:
         return TASKS[task]
+    if task.endswith((".jsonl", ".py")) and not Path(task).is_file():
+        raise ValueError(f"--task file not found: {task}")
     if task.endswith(".jsonl"):
-        if not Path(task).is_file():
-            raise ValueError(f"--task file not found: {task}")
         return JsonlTask(task, eval_task)
-    raise ValueError(f"--task must be one of {', '.join(TASKS)} or the path of a .jsonl file, got {task!r}")
+    if task.endswith(".py"):
+        return PluginTask(task)
+    raise ValueError(f"--task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py file of your own, "
+                     f"got {task!r}")

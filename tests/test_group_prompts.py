@@ -153,3 +153,20 @@ def test_prompts_longer_than_the_model_positions_give_one_clear_line(folders, in
         in_process("grpo.py", flags)[1]
     message = str(e.value)
     assert message.startswith("error: prompts of up to ") and "exceed the model's 512 positions" in message, message
+
+
+def test_a_task_of_your_own_and_text_answers_train_end_to_end(tmp_path, in_process):
+    """--task my_task.py (a reward of one's own) and a .jsonl file of text answers, on the embedded model."""
+    (tmp_path / "my_task.py").write_text(
+        "def prompts(n, rng, split='train'):\n"
+        "    pairs = [(f'{a}+{a}=', str(2 * a)) for a in range(10, 50)]\n"
+        "    return [rng.choice(pairs[:36] if split == 'train' else pairs[36:]) for _ in range(n)]\n"
+        "def reward(response_text, target):\n"
+        "    return float(response_text.strip() == target)\n")
+    flags = ["--num-iterations", "2", "--prompts-per-iteration", "2", "--num-minibatches", "1", "--eval-size", "4"]
+    out = in_process("grpo.py", ["--task", str(tmp_path / "my_task.py"), *flags])[1]
+    assert "iteration    2/2" in out and "the model reads (first held-out prompt): '4" in out
+    words = tmp_path / "words.jsonl"
+    words.write_text("".join(f'{{"question": "{a}+{a}=", "answer": "twice {a}"}}\n' for a in range(10, 50)))
+    out = in_process("grpo.py", ["--task", str(words), *flags])[1]
+    assert "iteration    2/2" in out and "accuracy 0.000" in out  # digits are never the text "twice 12"

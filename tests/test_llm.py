@@ -1,5 +1,7 @@
 """common/llm.py: the defaults that depend on the model's scale, the statistics every group file logs, and the
 per-iteration log (schedule of evaluations, one console line per iteration)."""
+import os
+
 import pytest
 import torch
 import tyro
@@ -7,6 +9,7 @@ import tyro
 import dapo
 import grpo
 from common import llm
+from conftest import ROOT
 
 
 def resolved(module, **fields):
@@ -94,3 +97,23 @@ def test_rollout_stats_by_hand():
 def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="error: --model .*no such .gguf file"):
         llm.resolve_model_path(str(tmp_path / "model.gguf"))
+
+
+def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
+    """The embedded models' config says so; a copy elsewhere, a model trained from them and saved, and a LoRA
+    adapter trained on them keep their defaults; --model takes a saved adapter folder (its base with the adapter
+    merged in) as readily as a saved full model."""
+    import shutil
+
+    tiny = os.path.join(ROOT, "common", "models", "tiny_model")
+    shutil.copytree(tiny, tmp_path / "my_copy")
+    assert llm.is_embedded(str(tmp_path / "my_copy")) and llm.is_embedded("common/models/long_model")
+    assert not llm.is_embedded("gpt2") and not llm.is_embedded(str(tmp_path))
+    flags = ["--num-iterations", "1", "--prompts-per-iteration", "2", "--num-minibatches", "1", "--eval-size", "4",
+             "--save-model"]
+    lora_run, _ = in_process("grpo", [*flags, "--lora-rank", "2"], subdir="lora")
+    full_run, _ = in_process("grpo", flags, subdir="full")
+    for run_dir in (lora_run, full_run):
+        assert llm.is_embedded(str(run_dir / "model"))
+        _, out = in_process("grpo", ["--model", str(run_dir / "model"), *flags[:-1]], subdir="again")
+        assert "default --learning-rate 0.0003  (the embedded models)" in out and "iteration    1/1" in out

@@ -612,9 +612,9 @@ def test_shipped_example_file():
         ('{"question": "What is 2+2?"}', '"answer" or "target"'),
         ('{"question": "What is 2+2?", "answer": null}', '"answer" or "target"'),
         ('{"question": "What is 2+2?", "answer": true}', '"answer" or "target"'),
-        ('{"question": "What is 2+2?", "answer": "four"}', "must be a number"),
+        ('{"question": "What is 2+2?", "answer": "!?"}', "the answer is empty"),
         ('{"question": "What is 2+2?", "answer": NaN}', "must be a finite number"),
-        ('{"question": "What is 2+2?", "answer": "2 + 2 = 4\\n#### four"}', "must be a number"),
+        ('{"question": "What is 2+2?", "answer": "2 + 2 = 4\\n####  "}', "the answer is empty"),
     ],
 )
 def test_jsonl_malformed_line_names_file_and_line(tmp_path, bad_line, message):
@@ -738,8 +738,8 @@ def test_get_task_names_and_errors(tmp_path):
     with pytest.raises(ValueError) as error:
         get_task("countdwn")
     assert str(error.value) == (
-        "--task must be one of addition, addition2, subtraction, multiplication, countdown, reverse or the path of a .jsonl file, "
-        "got 'countdwn'"
+        "--task must be one of addition, addition2, subtraction, multiplication, countdown, reverse, the path of a .jsonl "
+        "file or of a .py file of your own, got 'countdwn'"
     )
     with pytest.raises(ValueError, match=r"^--task file not found: .*missing\.jsonl$"):
         get_task(str(tmp_path / "missing.jsonl"))
@@ -763,3 +763,74 @@ def test_addition2_has_operands_of_one_or_two_digits_and_a_real_test_split():
     assert max(operands) <= 99 and min(operands) >= 0 and max(operands) >= 90
     assert len({p for p, _ in task.prompts(500, random.Random(0), split="test")}) > 50  # ~10 % of ~10,000 pairs
 
+
+
+# ---------------------------------------------------------------- text answers and tasks of your own
+
+@pytest.mark.parametrize("response, target, expected", [
+    ("#### Paris", "Paris", 1.0),
+    ("The capital is Paris.", "Paris", 1.0),  # a label (words, then "is") before the answer
+    ("I think so.\nThe answer is Paris.", "paris", 1.0),  # a label and the full stop dropped, case folded
+    ("Answer: the Eiffel Tower!", "Eiffel tower", 1.0),  # articles and punctuation dropped
+    ("\\boxed{Paris}", "Paris", 1.0),
+    ("#### Paris, France", "Paris", 0.0),  # more than the answer
+    ("#### Lyon", "Paris", 0.0),
+    ("#### four", "4", 0.0),  # a number target is compared as a number
+    ("#### 4", "four", 0.0),
+    ("", "Paris", 0.0),
+])
+def test_text_answers_are_graded_by_normalised_exact_match(response, target, expected):
+    assert JsonlTask.reward(response, target) == expected
+
+
+def test_a_file_of_text_answers_is_read_and_says_so(tmp_path):
+    path = write_jsonl(tmp_path / "capitals.jsonl", [json.dumps({"question": f"Capital number {i}?", "answer": f"City {i}"})
+                                                     for i in range(40)])
+    task = get_task(str(path))
+    assert task.instruction == "Give the final answer after '####'."  # not "as a number"
+    (prompt, target), = task.prompts(1, random.Random(0))
+    assert target.startswith("City ") and task.reward(f"#### {target.lower()}", target) == 1.0
+    numbers = get_task(EXAMPLE)
+    assert numbers.instruction == "Give the final answer as a number after '####'."
+
+
+PLUGIN = """
+QUESTIONS = [(f"Say {word}.", word) for word in ("yes", "no", "maybe", "never", "always")]
+INSTRUCTION = "Answer with the word alone."
+
+def prompts(n, rng, split="train"):
+    return [rng.choice(QUESTIONS) for _ in range(n)]
+
+def reward(response_text, target):
+    if response_text == "raise":
+        raise RuntimeError("a bug of mine")
+    return float(response_text.strip() == target) if response_text != "nan" else float("nan")
+"""
+
+
+def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsys):
+    path = tmp_path / "my_task.py"
+    path.write_text(PLUGIN)
+    task = get_task(str(path))
+    assert task.name == "my_task" and task.instruction == "Answer with the word alone." and task.default_few_shot == 0
+    prompt, target = task.prompts(1, random.Random(1))[0]
+    assert prompt == f"Say {target}." and task.reward(target, target) == 1.0 and task.reward("other", target) == 0.0
+    assert task.reward("raise", target) == 0.0 and task.reward("raise", target) == 0.0 and task.reward("nan", target) == 0.0
+    err = capsys.readouterr().err
+    assert err.count("reward raised RuntimeError: a bug of mine; such responses score 0") == 1
+    assert task.examples(2, random.Random(0))[0][0].startswith("Say ")
+
+
+@pytest.mark.parametrize("source, message", [
+    ("def prompts(n, rng, split): return []\n", "needs a function reward(...)"),
+    ("import no_such_module\n", "importing it failed (ModuleNotFoundError"),
+    ("def prompts(n, rng, split): return [1, 2]\ndef reward(r, t): return 0.0\n", "must return n (prompt, target) pairs"),
+])
+def test_a_broken_task_file_is_one_line(tmp_path, source, message):
+    path = tmp_path / "broken.py"
+    path.write_text(source)
+    with pytest.raises(ValueError) as e:
+        get_task(str(path))
+    assert message in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ValueError, match="--task file not found: nowhere.py"):
+        get_task("nowhere.py")
