@@ -70,18 +70,20 @@ CLASSIC = ["vpg.py", "a2c.py", "trpo.py", "ppo.py"]
 # A region is a function (by name, nested ones too) or, in the main block, the lines from the first line that
 # contains `start` up to the line before the next one that contains `end`. `skip` ranges inside are left alone.
 GROUP_FUNCTIONS = ["compute_advantages", "kl_penalty", "masked_mean_per_response", "policy_loss", "response_logits",
-                   "token_logprobs", "response_mask", "score_responses", "update_policy", "reference_model",
-                   "reference_scoring"]
-GROUP_SKIP = [("                with torch.no_grad():", 'stats["grad_norm"]')]  # logging: clip fraction, kl_ref, gate
+                   "token_logprobs", "logprobs_of", "response_mask", "sample", "score_responses", "update_policy",
+                   "reference_model", "reference_scoring"]
+GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are tested (tests/test_group_update.py)
+LLM_FUNCTIONS = ["draw_minibatches", "global_fraction", "rollout_stats", "position_ids", "holds_stop", "entropy"]
 CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
 CLASSIC_BLOCKS = [("# 1. Sampling", 'if "episode" in infos'), ("# 2. ", "sps = ")]
 CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip fraction is only logged
 REGIONS = {
     **{f: dict(functions=GROUP_FUNCTIONS, blocks=[("# 4. Rewards", "# Log-probs of the sampled tokens")],
                skip=GROUP_SKIP) for f in GROUP},
-    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_signal", "fill_batch", "dynamic_sampling"],
-                    blocks=[("# The loss sees the tokens of signal groups", "# Log-probs of the sampled tokens")],
+    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_mixed_answers", "fill_batch", "dynamic_sampling"],
+                    blocks=[("# Groups without mixed answers", "# Log-probs of the sampled tokens")],
                     skip=GROUP_SKIP),
+    "common/llm.py": dict(functions=LLM_FUNCTIONS, blocks=[], skip=[]),
     **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
 }
 
@@ -92,6 +94,8 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
                "not learns and not smoke and not real_model_code_path and not headroom and not two_processes and not torchrun"]
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
+    "common/llm.py": GROUP_TESTS[:-2] + ["tests/test_llm.py", "tests/test_group_prompts.py", "-k", GROUP_TESTS[-1]
+                                         + " and not end_to_end and not every_task and not embedded"],
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
            "tests/test_classic_rough_edges.py", "-k",
            "not smoke and not learns and not bad_argument and not unsupported_space and not missing and not lunar "
@@ -135,21 +139,38 @@ SEMANTIC = [
      "KL in the wrong direction"),
     ("gspo.py", "kl = masked_mean_per_response(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)",
      "kl = (kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask).sum(1)", "KL summed over tokens instead of averaged"),
-    *[(f, "(loss * len(inds) / minibatch_size).backward()", "loss.backward()",
-       "micro-batch losses not weighted by their share (over-weighted)") for f in GROUP if f != "dapo.py"],
-    *[(f, "(loss * len(inds) / minibatch_size).backward()", "(loss / minibatch_size).backward()",
-       "micro-batch weight 1/minibatch instead of len/minibatch") for f in GROUP if f != "dapo.py"],
+    *[(f, "loss = loss * len(inds) / len(minibatch.rows)\n", "",
+       "pass losses not weighted by their share of the minibatch (over-weighted)") for f in GROUP if f != "dapo.py"],
+    *[(f, "loss = loss * len(inds) / len(minibatch.rows)", "loss = loss / len(minibatch.rows)",
+       "pass weight 1/minibatch instead of its share") for f in GROUP if f != "dapo.py"],
     ("dapo.py", "                        num_active_tokens=num_active_tokens,\n", "",
      "DAPO's normaliser per micro-batch instead of the whole step"),
-    ("dapo.py", "loss.backward()", "(loss * len(inds) / minibatch_size).backward()", "DAPO's micro-batches weighted like GRPO's"),
-    ("dapo.py", "            if num_active_tokens == 0:\n                continue\n", "", "a filler-only minibatch still steps"),
-    ("dapo.py", "loss_mask = mask * signal.unsqueeze(1)", "loss_mask = mask", "zero-signal filler groups enter the loss"),
-    ("dapo.py", "loss_mask = loss_mask * (~truncated).unsqueeze(1)", "loss_mask = loss_mask",
+    ("dapo.py", "                    loss.backward()\n", "                    loss = loss * len(inds) / len(minibatch.rows)\n"
+     "                    loss.backward()\n", "DAPO's passes weighted like GRPO's"),
+    ("dapo.py", "num_active_tokens = llm.global_mean(rollout.mask[minibatch.rows].sum().item())",
+     "num_active_tokens = llm.global_mean(rollout.mask[minibatch.passes[0] if minibatch.passes else minibatch.rows].sum().item())",
+     "DAPO's token count of the first pass, not of the whole minibatch"),
+    ("dapo.py", "loss_mask = samples.mask * mixed.unsqueeze(1)", "loss_mask = samples.mask", "filler groups enter the loss mask"),
+    ("dapo.py", "advantages = compute_advantages(rewards, args.group_size) * mixed",
+     "advantages = compute_advantages(rewards, args.group_size)", "filler groups keep their (length-shaped) advantages"),
+    ("dapo.py", "loss_mask = loss_mask * (~samples.truncated).unsqueeze(1)", "loss_mask = loss_mask",
      "--overlong-filtering without effect"),
-    ("dapo.py", "signal = has_signal(accuracies, args.group_size)", "signal = has_signal(rewards, args.group_size)",
+    ("dapo.py", "rounds.append((samples, accuracies, rewards, has_mixed_answers(accuracies, args.group_size)))",
+     "rounds.append((samples, accuracies, rewards, has_mixed_answers(rewards, args.group_size)))",
      "dynamic sampling filters on the shaped reward, not on accuracy"),
+    ("dapo.py", "rewards = 2 * accuracies - 1 + overlong_penalty", "rewards = accuracies + overlong_penalty",
+     "a 0/1 reward under the overlong penalty (a right answer cut at the cap scores as a wrong one)"),
+    *[(f, "for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:",
+       "for inds in [torch.arange(len(samples.responses))]:",
+       "pi_old scored on the whole batch, not in the first epoch's passes (ratio not exactly 1)") for f in GROUP],
+    *[(f, "cache.reorder_cache(prompt_index)", "cache.reorder_cache(prompt_index.flip(0))",
+       "responses attend to another prompt's cache") for f in GROUP],
+    *[(f, "cache.batch_repeat_interleave(num_samples)", "cache.batch_repeat_interleave(1)\n"
+       "    cache.reorder_cache(torch.arange(len(prompt_ids), device=device).repeat(num_samples))",
+       "sampling: prompts' caches repeated in the wrong order (G copies not next to each other)") for f in GROUP],
     *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature") for f in GROUP],
-    *[(f, "logits = response_logits(ref_model, sequences[rows]", "logits = response_logits(model, sequences[rows]",
+    *[(f, "ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, autocast)",
+       "ref_logprobs[inds] = logprobs_of(model, samples, inds, args, autocast)",
        "reference log-probs taken from the current policy") for f in GROUP],
     *[(f, "return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()",
        "return contextlib.nullcontext()", "LoRA: reference log-probs with the adapters on (= π_θ)") for f in GROUP],
@@ -185,8 +206,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
     ('grpo.py', 'with reference_scoring(ref_model, args), autocast:', 'ref_model → model'):
         'equivalent: with LoRA ref_model is model; without, reference_scoring is a no-op',
-    ('grpo.py', 'mb_inds = order[minibatch_start : minibatch_start + minibatch_size]', 'minibatch_size → batch_size'):
-        'equivalent: the micro-batch loop reads only the first minibatch_size indices of mb_inds',
     ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', '-1.0 → -2.0'):
         'equivalent: lengths never exceed max_new_tokens, so the penalty never falls below −1',
     ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', 'drop min='):
@@ -313,6 +332,8 @@ def region_lines(tree: ast.Module, src: Source, file: str, all_copies: bool) -> 
 
 def reference_of(file: str) -> Optional[str]:
     """grpo.py for the group files, ppo.py for the classic ones; none for those two themselves."""
+    if file not in GROUP + CLASSIC:
+        return None  # common/llm.py: one copy
     reference = "grpo.py" if file in GROUP else "ppo.py"
     return None if file == reference else reference
 
@@ -577,7 +598,8 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC, choices=GROUP + CLASSIC)
+    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC + ["common/llm.py"],
+                        choices=GROUP + CLASSIC + ["common/llm.py"])
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", nargs="+", default=None, help="run only these mutant ids (file.py:N)")
     parser.add_argument("--all-copies", action="store_true",

@@ -95,7 +95,6 @@ def test_help_shows_every_default_and_the_classic_targets(capsys):
 
 
 def test_plot_median_and_band(tmp_path):
-    pytest.importorskip("matplotlib")
     curves = {"ppo": [([0, 100, 200], [1.0, 2.0, 3.0]), ([0, 150, 250], [1.5, 2.5, 2.0])], "a2c": [([], [])]}
     B.plot(str(tmp_path / "curves.png"), B.CLASSIC, "CartPole-v1", [2.5], curves)
     assert (tmp_path / "curves.png").stat().st_size > 10_000

@@ -160,9 +160,22 @@ def test_bad_arguments_get_one_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_the_lab_writes_to_runs_and_checks_matplotlib_before_any_run(tmp_path, monkeypatch, capsys):
+    """The committed results are rewritten only when asked (--update-results); without matplotlib the lab stops in
+    one line before minutes of experiments, not after them."""
+    ran = []
+    monkeypatch.setattr(lab, "run_experiment", lambda *a, **k: ran.append(a) or ({}, 0.0))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    with pytest.raises(SystemExit):
+        lab.main(["dynamic-sampling"])
+    assert "the figures need matplotlib" in capsys.readouterr().err and ran == []
+    monkeypatch.undo()
+    help_text = subprocess.run([sys.executable, "-m", "common.lab", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert "(default: runs/lab)" in " ".join(help_text.split()) and "--update-results" in help_text
+
+
 def test_an_experiment_runs_end_to_end(tmp_path):
     # Two iterations per run, one seed: the whole path (subprocesses, logs, report, figure) in ~30 s.
-    pytest.importorskip("matplotlib")
     proc = subprocess.run([sys.executable, "-m", "common.lab", "dynamic-sampling", "--seeds", "1", "--num-iterations", "2",
                            "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -41,8 +41,22 @@ def test_default_output_and_unknown_flag(capsys):
 def test_complete_folder_is_left_as_it_is(tmp_path, capsys, no_download):
     out = complete_folder(tmp_path / "model")
     smollm2.main(["--out", str(out) + "/"])  # returns: exit status 0
-    assert capsys.readouterr().out == f"{out} is already complete; nothing to do\n"
+    first, command = capsys.readouterr().out.splitlines()
+    assert first == f"{out} is already complete; nothing to do. Train it on a CPU with:"
     assert all((out / name).read_text() == "{}" for name in smollm2.MODEL_FILES)
+    # the command is one grpo.py accepts as it stands, on the task this model learns on a CPU
+    import shlex
+
+    import tyro
+
+    import grpo
+    from common import llm
+
+    words = shlex.split(command)
+    assert words[:2] == ["python", "grpo.py"] and "--task" in words and words[words.index("--task") + 1] == "addition2"
+    args = tyro.cli(grpo.Args, args=words[2:])
+    llm.resolve_defaults(args)
+    grpo.check_args(args)
 
 
 def test_chat_template_inside_tokenizer_config_counts(tmp_path):

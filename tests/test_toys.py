@@ -89,7 +89,6 @@ def test_sampled_weights_are_unbiased_for_other_p_and_q():
 
 
 def test_main_prints_the_numbers_and_writes_the_figure(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     path = toys.main(["--out", str(tmp_path), "--seeds", "1", "--episodes", "1000", "--samples", "1000"])
     out = capsys.readouterr().out
     assert path == str(tmp_path / "toy_pathologies.png") and (tmp_path / "toy_pathologies.png").stat().st_size > 0
@@ -172,7 +171,6 @@ def test_sgd_grpo_lengthens_wrong_shortens_right_and_dr_grpo_stays(seed):
 
 
 def test_length_bias_main_prints_the_numbers_and_writes_the_figure(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
     path = toys.length_bias_main(["--out", str(tmp_path), "--seeds", "1", "--steps", "5"])
     out = capsys.readouterr().out
     assert path == str(tmp_path / "length_bias_toy.png") and (tmp_path / "length_bias_toy.png").stat().st_size > 0

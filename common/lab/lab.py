@@ -14,13 +14,14 @@ common/models/long_model (made by common/models/make_long_model.py): on the task
 hesitates for a random number of dots, so responses are 4 to 48 tokens long, and their length does
 not decide the reward. Each experiment runs algorithm files as subprocesses (`python grpo.py ...`,
 never imported) with 3 seeds, `--parallel` runs at a time (each pinned to one core with
-OMP_NUM_THREADS=1), reads their tensorboard logs, and writes into --out (default common/results/lab):
+OMP_NUM_THREADS=1), reads their tensorboard logs, and writes into --out (default runs/lab, so that the committed
+results stay as they are; --update-results writes common/results/lab, the figures the README shows):
   <experiment>.png  the figure: per arm, the median over seeds as a line and the range (min-max) as a band;
                     per-iteration quantities are smoothed with a moving average over SMOOTH iterations;
   <experiment>.md   the command lines and the key numbers (median [min, max] over seeds);
   <experiment>.json the curves, so that `--replot` redraws the figure without running anything.
 The README shows the figures and what they say (section "The lab"); each experiment takes under
-10 minutes on two CPU cores. Needs matplotlib for the figures (`pip install matplotlib`).
+10 minutes on two CPU cores. matplotlib draws the figures (requirements.txt); it is checked before any run.
 """
 
 import argparse
@@ -359,7 +360,9 @@ def main(argv=None):
     p.add_argument("--cores", type=int, nargs="*", default=None,
                    help="pin the runs to these cores with taskset (default: 0..parallel-1 when taskset exists; "
                         "give no value to not pin)")
-    p.add_argument("--out", default=os.path.join(ROOT, "common", "results", "lab"), help="folder of figures and tables")
+    p.add_argument("--out", default="runs/lab", help="folder of figures and tables")
+    p.add_argument("--update-results", action="store_true",
+                   help="write into common/results/lab, the committed figures the README shows (instead of --out)")
     p.add_argument("--replot", action="store_true", help="redraw from <out>/<experiment>.json without running")
     p.add_argument("--num-iterations", type=int, default=None,
                    help="iterations of every run (default: the experiment's own; fewer for a quick look)")
@@ -368,6 +371,12 @@ def main(argv=None):
         p.error(f"--parallel must be >= 1, got {args.parallel}")
     if args.num_iterations is not None and args.num_iterations < 1:
         p.error(f"--num-iterations must be >= 1, got {args.num_iterations}")
+    try:  # before any run: a missing figure library must not cost minutes of experiments first
+        import matplotlib  # noqa: F401
+    except ImportError:
+        p.error("the figures need matplotlib: pip install -r requirements.txt")
+    if args.update_results:
+        args.out = os.path.join(ROOT, "common", "results", "lab")
     cores = args.cores
     if cores is None:
         cores = list(range(args.parallel)) if shutil.which("taskset") else []

@@ -223,7 +223,7 @@ def plot(path, alphas, J_path, L_path, mc_alphas, mc_means, Hs, mc_vars, p, q):
 def main(argv=None):
     parser = argparse.ArgumentParser(description="Examples 1 and 2: the two toy failures behind trust regions "
                                      "(example 3: python -m common.lab.toys length-bias --help)")
-    parser.add_argument("--out", default=os.path.join("common", "results", "lab"), help="folder for the figure")
+    parser.add_argument("--out", default=os.path.join("runs", "lab"), help="folder for the figure")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one Monte Carlo run per seed")
     parser.add_argument("--episodes", type=int, default=100_000, help="Example 1: episodes per α and seed")
     parser.add_argument("--samples", type=int, default=100_000, help="Example 2: episodes per seed")
@@ -274,6 +274,7 @@ def main(argv=None):
         print("  which a finite batch seldom contains: the estimate under-reports its own unreliability, and")
         print("  the rare batch that does catch one overshoots (the max column).")
 
+    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "toy_pathologies.png")
     alphas = np.linspace(0, 1, 501)
     J_path = np.array([J(mixture(PI, PI_NEW, a)) for a in alphas])
@@ -495,7 +496,7 @@ def plot_length_bias(path, curves):
 
 def length_bias_main(argv=None):
     parser = argparse.ArgumentParser(description="Example 3: the length bias of GRPO's 1/|o_i| weighting")
-    parser.add_argument("--out", default=os.path.join("common", "results", "lab"), help="folder for the figure")
+    parser.add_argument("--out", default=os.path.join("runs", "lab"), help="folder for the figure")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="one SGD run per arm and seed")
     parser.add_argument("--steps", type=int, default=LENGTH_STEPS, help="SGD steps per run")
     parser.add_argument("--step-size", type=float, default=LENGTH_STEP_SIZE,
@@ -543,6 +544,7 @@ def length_bias_main(argv=None):
                         f"[{end[:, c].min():5.2f}, {end[:, c].max():5.2f}]" for c in (0, 1))
         print(f"    {label:42}  lr {lrs[label]:9.4g}   wrong {wrong}   right {right}")
 
+    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "length_bias_toy.png")
     plot_length_bias(path, curves)
     print(f"\nwrote {path}")

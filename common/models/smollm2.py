@@ -153,11 +153,18 @@ def greedy_reply(out: str, question: str) -> str:
     return tokenizer.decode(ids)
 
 
+def cpu_command(out: str) -> str:
+    """A run that learns on a laptop's CPU (common/results/smollm2.md): the defaults are a GPU's (256 responses of up
+    to 256 tokens per iteration, lr 1e-6, 3-digit sums), far too slow for a CPU and too hard for this model."""
+    return (f"python grpo.py --model {out} --task addition2 --few-shot 3 --beta 0 --max-new-tokens 16 "
+            "--prompts-per-iteration 8 --learning-rate 1e-5 --num-iterations 24 --eval-every 6 --eval-size 64")
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
     out = args.out.rstrip("/\\") or args.out
     if os.path.isdir(out) and not missing_files(out):
-        print(f"{out} is already complete; nothing to do")
+        print(f"{out} is already complete; nothing to do. Train it on a CPU with:\n  {cpu_command(out)}")
         return
     if os.path.exists(out):
         missing = ", ".join(missing_files(out)) if os.path.isdir(out) else "everything (it is a file)"
@@ -188,7 +195,7 @@ def main(argv=None) -> None:
     print(f"saved to {out} ({sum(p.numel() for p in model.parameters()):,} parameters, eos {tokenizer.eos_token}) "
           f"in {time.time() - start:.0f}s")
     print(f"check: greedy reply to 'What is 2+3?': {greedy_reply(out, 'What is 2+3?')!r}")
-    print(f"use it with: python grpo.py --model {out}")
+    print(f"train it on a CPU (about 10 minutes on one core) with:\n  {cpu_command(out)}")
 
 
 if __name__ == "__main__":
