@@ -211,3 +211,23 @@ def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
     assert calls["dapo.py"] == [
         "llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
     assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]
+
+
+def test_sharpen_or_teach_pass_curves_by_hand_and_end_to_end(tmp_path):
+    from common.lab import passk
+
+    # two questions, n = 4: right 1 and 0 times. pass@1 = (1/4 + 0) / 2; pass@2 = (1 − C(3,2)/C(4,2) + 0) / 2 = 0.25;
+    # pass@4 = (1 + 0) / 2
+    assert passk.pass_curves([[1, 0, 0, 0], [0, 0, 0, 0]]) == pytest.approx([0.125, 0.25, 0.375, 0.5])
+    proc = subprocess.run([sys.executable, "-m", "common.lab", "sharpen-or-teach", "--models", "common/models/tiny_model",
+                           "common/models/tiny_model", "--labels", "base", "again", "--task", "addition", "--few-shot",
+                           "0", "--max-new-tokens", "8", "--samples", "4", "--prompts", "4", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    saved = json.loads((tmp_path / "sharpen-or-teach.json").read_text())
+    for label in ("base", "again"):
+        curve = saved["curves"][label]
+        assert len(curve) == 4 and curve == sorted(curve) and 0 <= curve[0] <= curve[-1] <= 1  # pass@k grows with k
+        assert curve == pytest.approx(passk.pass_curves(saved["rewards"][label]))
+    assert (tmp_path / "sharpen-or-teach.png").read_bytes()[:4] == b"\x89PNG"
+    assert "| base |" in (tmp_path / "sharpen-or-teach.md").read_text()

@@ -7,6 +7,7 @@
     python -m common.lab off-policy         # 16 minibatch steps per rollout: GRPO vs GSPO vs SAPO
     python -m common.lab toy-pathologies    # the two toy failures behind trust regions (exact + Monte Carlo)
     python -m common.lab all                # everything above, one after the other
+    python -m common.lab sharpen-or-teach --models BASE TRAINED ...   # pass@k before and after RL (passk.py)
 
 On the embedded tiny model (common/models/tiny_model) the methods look alike: its answers are 2-5 tokens,
 so length, entropy and off-policy questions hardly arise. The lab uses the second embedded model,

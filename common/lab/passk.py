@@ -1,0 +1,133 @@
+"""Sharpen or teach? pass@k of a model before and after RL, for k = 1 ... n, on the held-out questions.
+
+    python -m common.lab sharpen-or-teach --models runs/SmolLM2-135M-Instruct runs/<grpo run>/model \\
+        runs/<dapo run>/model --labels base grpo dapo --samples 64 --prompts 64
+
+Whether RL teaches a model answers it could not sample before, or only makes it sample more often the answers it
+already could, is an open question (Yue et al. 2025, arXiv 2504.13837: RL raises pass@1, while the base model
+catches up at large k). Here each model samples --samples responses to each of --prompts held-out questions of
+--task, formatted and sampled exactly as grpo.py does (its sample(), at temperature 1), and pass@k is estimated
+without bias from those n samples (Chen et al. 2021: 1 − C(n − c, k) / C(n, k), averaged over the questions).
+If RL only sharpens, the trained curve starts higher and meets (or falls under) the base curve as k grows; if it
+teaches, it stays above at k = n: questions the base model never answered in n tries are now answered.
+
+Writes <out>/sharpen-or-teach.{json,md,png} (default out: runs/lab; --update-results: common/results/lab).
+"""
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+NAME = "sharpen-or-teach"
+
+
+def pass_curves(right: list[list[float]]) -> list[float]:
+    """pass@k for k = 1 ... n, averaged over the questions, from each question's n rewards (1 = right)."""
+    from common.runs import pass_at_k
+
+    n = len(right[0])
+    counts = [sum(r == 1 for r in rewards) for rewards in right]
+    return [sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in range(1, n + 1)]
+
+
+def sample_rewards(model_path: str, args) -> list[list[float]]:
+    """The rewards of --samples responses to each held-out question, sampled as grpo.py samples them."""
+    import torch
+
+    import grpo
+    from common import llm
+    from common.tasks import EVAL_SEED, get_task
+
+    task = get_task(args.task)
+    questions = task.prompts(args.prompts, random.Random(EVAL_SEED), split="test")  # grpo.py's held-out questions
+    tokenizer, model = llm.load_policy(model_path, llm.resolve_model_path(model_path), torch.device("cpu"))
+    model.eval()
+    g = grpo.Args(model=model_path, task=args.task, few_shot=args.few_shot, max_new_tokens=args.max_new_tokens,
+                  temperature=1.0)
+    torch.manual_seed(args.seed)
+    rewards = []
+    for start in range(0, len(questions), args.chunk):
+        chunk = questions[start : start + args.chunk]
+        samples = grpo.sample(model, tokenizer, task, [q for q, _ in chunk], g, torch.device("cpu"), args.samples)
+        texts = llm.decode(tokenizer, samples.responses, samples.mask)
+        for i, (_, target) in enumerate(chunk):
+            rewards.append([task.reward(text, target) for text in texts[i * args.samples : (i + 1) * args.samples]])
+        print(f"  {model_path}: {len(rewards)}/{len(questions)} questions", flush=True)
+    return rewards
+
+
+def plot(curves: dict, samples: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = list(range(1, samples + 1))
+    for label, curve in curves.items():
+        ax.plot(ks, curve, label=label, marker="o", markersize=2)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per question)")
+    ax.set_ylabel("pass@k on the held-out questions")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("sharpen or teach? pass@k before and after RL")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m common.lab sharpen-or-teach", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", required=True, help="model folders (the first: the model before RL)")
+    parser.add_argument("--labels", nargs="+", help="a label per model (default: the folder names)")
+    parser.add_argument("--task", default="addition2", help="the task (default: addition2)")
+    parser.add_argument("--few-shot", type=int, default=3, help="examples before each question (default: 3)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="response length cap (default: 16)")
+    parser.add_argument("--samples", type=int, default=64, help="n, responses per question (default: 64)")
+    parser.add_argument("--prompts", type=int, default=64, help="held-out questions (default: 64)")
+    parser.add_argument("--chunk", type=int, default=8, help="questions per sampling call (default: 8)")
+    parser.add_argument("--seed", type=int, default=1, help="torch seed of the sampling (default: 1)")
+    parser.add_argument("--out", default="runs/lab", help="folder of the figure and tables (default: runs/lab)")
+    parser.add_argument("--update-results", action="store_true", help="write into common/results/lab instead")
+    args = parser.parse_args(argv)
+    labels = args.labels or [os.path.basename(os.path.normpath(m)) for m in args.models]
+    if len(labels) != len(args.models):
+        parser.error(f"--labels needs one label per model: {len(args.models)} models, {len(labels)} labels")
+    for flag, value in (("--samples", args.samples), ("--prompts", args.prompts), ("--chunk", args.chunk)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
+    missing = [m for m in args.models if not os.path.exists(m)]
+    if missing:
+        parser.error(f"--models: no such folder: {missing[0]}")
+    out = os.path.join(ROOT, "common", "results", "lab") if args.update_results else args.out
+    os.makedirs(out, exist_ok=True)
+    start, rewards = time.time(), {}
+    for label, model in zip(labels, args.models):
+        rewards[label] = sample_rewards(model, args)
+    curves = {label: pass_curves(r) for label, r in rewards.items()}
+    with open(os.path.join(out, f"{NAME}.json"), "w") as f:
+        json.dump({"models": dict(zip(labels, args.models)), "args": vars(args), "curves": curves, "rewards": rewards}, f)
+    ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= args.samples]
+    lines = [f"# {NAME}", "", f"`python -m common.lab {NAME} {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
+             f"{args.prompts} held-out questions of {args.task}, {args.samples} samples each at temperature 1, "
+             f"--few-shot {args.few_shot}, --max-new-tokens {args.max_new_tokens}; {(time.time() - start) / 60:.0f} min.",
+             "", "| model | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+    lines += [f"| {label} | " + " | ".join(f"{curve[k - 1]:.3f}" for k in ks) + " |" for label, curve in curves.items()]
+    with open(os.path.join(out, f"{NAME}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(curves, args.samples, os.path.join(out, f"{NAME}.png"))
+    print("\n".join(lines[6:]))
+    print(f"wrote {os.path.join(out, NAME)}.json/.md/.png")
+
+
+if __name__ == "__main__":
+    main()
