@@ -78,8 +78,8 @@ DIFFERENCES = [
     "sampled responses differ from the first iteration on.",
     "Log-ratio clamp: grpo.py clamps log π_θ − log π_θold (and the KL's log-ratio) to ±20 before exp; TRL does not. "
     "No effect unless a ratio is astronomically off.",
-    "Entropy: TRL computes the per-token entropy in every loss pass (for its logs); grpo.py only in the old "
-    "log-prob pass. A cost, not a change of the update.",
+    "Entropy: TRL computes the per-token entropy in every loss pass (for its logs); grpo.py while it samples, from the "
+    "logits it samples from. A cost, not a change of the update.",
 ]
 
 
@@ -348,9 +348,8 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
         """grpo.py's held-out evaluation and its per-iteration log, at iteration boundaries (every 4 steps)."""
 
         def evaluate(self, model, iteration):
-            accuracy, greedy_accuracy = grpo.evaluate(
-                model, tokenizer, task, eval_prompts, g, device, torch.autocast("cpu", enabled=False)
-            )
+            sampled, greedy = grpo.evaluate(model, tokenizer, task, eval_prompts, g, device, torch.autocast("cpu", enabled=False))
+            accuracy, greedy_accuracy = sampled.mean().item(), greedy.mean().item()
             model.train()  # evaluate() leaves eval mode; the trainer trains in train mode
             writer.add_scalar("charts/accuracy", accuracy, iteration)
             writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
