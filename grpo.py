@@ -39,7 +39,7 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
-from typing import NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -60,8 +60,7 @@ class Args(llm.ModelArgs):
     num_iterations: int = 150
     """number of sample-then-update iterations"""
     max_new_tokens: Optional[int] = None
-    """response length cap; default: 8 for the embedded models (the tiny model's answers take at most 5 tokens),
-    256 for real LLMs"""
+    """response length cap; None: 8 for the embedded models, 256 for a real LLM"""
     temperature: float = 1.0
     """sampling temperature; log-probs are computed at the same temperature"""
     # Optimisation
@@ -70,17 +69,15 @@ class Args(llm.ModelArgs):
     num_minibatches: int = 4
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
-    """responses per forward/backward pass on each process (gradient accumulation, to fit memory); default: the
-    whole minibatch"""
+    """responses per forward/backward pass on a process (gradient accumulation); None: the whole minibatch"""
     learning_rate: Optional[float] = None
-    """Adam learning rate, decayed linearly to 0 over the run; default: 3e-4 for the embedded models, 1e-6 for real
-    LLMs (1e-5 with LoRA)"""
+    """Adam's, decayed linearly to 0; None: 3e-4 for the embedded models, 1e-6 for a real LLM (1e-5 with LoRA)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change
     beta: float = 0.04
     """β: weight of the KL penalty to the reference model; 0 needs no reference model"""
-    kl_estimator: str = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """per-token KL estimator: k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − log(π_ref/π) − 1"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate (eq. 96)"""
@@ -127,7 +124,7 @@ def policy_loss(
     ref_logprobs: Optional[Tensor] = None,
     beta: float = 0.04,
     clip_eps: float = 0.2,
-    kl_estimator: str = "k3",
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3",
 ) -> Tensor:
     """The negated GRPO objective, eq. (97), to minimise.
 

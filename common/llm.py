@@ -17,6 +17,7 @@ import importlib
 import json
 import os
 import random
+import re
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -40,49 +41,41 @@ class ModelArgs:
 
     # Model and task
     model: str = "common/models/tiny_model"
-    """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder or a .gguf file. The default is the embedded tiny model."""
+    """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder, a .gguf file or a saved run's model folder"""
     task: str = "addition"
-    """verifiable task (common/tasks.py): addition (the only one the tiny model knows), addition2 (1-2 digits: for
-    SmolLM2-135M-Instruct), subtraction, multiplication, countdown, reverse (for common/models/long_model), the path
-    of a .jsonl file of {"question": ..., "answer": ...} lines (numbers or texts), or of a .py file of your own
-    with prompts(n, rng, split) and reward(response_text, target)"""
+    """addition, addition2, subtraction, multiplication, countdown, reverse, a .jsonl file or a .py task of yours"""
     eval_task: Optional[str] = None
-    """a .jsonl file of held-out questions (e.g. a dataset's official test file) instead of the hash-split 10 % of
-    --task's .jsonl file; --eval-size at least its length evaluates every question once"""
+    """a .jsonl file of held-out questions (a dataset's test file) instead of 10 % of --task's file"""
     few_shot: Optional[int] = None
-    """solved training examples before each question: as text for a base model (whose response then ends where the
-    answer does), as earlier turns for a chat model; default: the task's (2-3) for a base model, 0 for a chat model
-    and for the embedded models (trained on bare questions)"""
+    """solved examples before each question; None: the task's for a base model, 0 for a chat or embedded model"""
     system_prompt: Optional[str] = None
-    """chat models: a system turn before each question (the task's answer format is stated in the user turn)"""
+    """chat models: a system turn before each question (the answer format is stated in the user turn)"""
     # Memory: models that do not fit with full fine-tuning
     lora_rank: int = 0
-    """LoRA rank r: train low-rank adapters on every linear layer of attention and MLP instead of all weights (0 = full fine-tuning)"""
+    """LoRA rank r: train adapters on every linear layer of attention and MLP; 0 trains every weight"""
     lora_alpha: float = 32.0
     """LoRA scale α: the adapter's update is (α / r) B A"""
     gradient_checkpointing: bool = False
-    """recompute activations in the backward pass instead of storing them: less memory, ~30 % more update time"""
+    """recompute activations in the backward pass: less memory, ~30 % more update time"""
     # Evaluation and bookkeeping
     eval_every: int = 10
-    """evaluate on the held-out split every this many iterations (and at the start and the end)"""
+    """evaluate on the held-out questions every this many iterations (and at the start and the end)"""
     eval_size: Optional[int] = None
-    """held-out prompts per evaluation; default: 200 for the embedded models, 100 for real models (two passes each)"""
-    seed: int = 1
-    """seed of random, numpy and torch (prompts, sampling, initial state); process k of torchrun uses seed + k"""
-    cuda: bool = True
-    """use the GPU (with bfloat16 autocast, frozen weights in bfloat16) when there is one"""
-    float32_logits: bool = True
-    """compute the output layer in float32 under bfloat16 autocast, so that π_θold and π_θ agree at ratio 1 (turn
-    off only to measure what it fixes)"""
+    """held-out questions per evaluation; None: 200 for the embedded models, 100 for a real model"""
     eval_samples: int = 1
-    """responses sampled per held-out prompt: k > 1 logs pass@1 and pass@k (and costs k times the sampling)"""
+    """responses sampled per held-out question; k > 1 also logs pass@1 and pass@k"""
+    seed: int = 1
+    """seed of random, numpy and torch; process k of torchrun uses seed + k"""
+    cuda: bool = True
+    """use the GPU when there is one (bfloat16 autocast, frozen weights in bfloat16)"""
+    float32_logits: bool = True
+    """the output layer in float32 under bfloat16 autocast, so that the first ratio is 1 (off: to measure it)"""
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
     save_every: int = 0
-    """write a checkpoint every this many iterations (0: only when Ctrl-C or SIGTERM stops the run)"""
+    """write a checkpoint every this many iterations; 0: only when Ctrl-C or SIGTERM stops the run"""
     resume: Optional[str] = None
-    """a run's folder (runs/...): continue it from its latest checkpoint, with its own flags; only --num-iterations
-    (to extend it), --save-every, --eval-every, --eval-size, --eval-samples and --cuda may change"""
+    """a run's folder: resume it from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
 
@@ -90,7 +83,9 @@ class ModelArgs:
 def parse_args(args_class):
     """The command line as an `args_class` (tyro: one flag per field, its docstring as help). With --resume, the
     resumed run's own flags are the defaults, and a typed flag may change only what a resumed run may change.
-    A pipe closed early (`python grpo.py --help | head`) ends the program quietly, as it does `cat`."""
+    A value tyro cannot read is one line, as every other bad value is; a pipe closed early (`python grpo.py --help
+    | head`) ends the program quietly, as it does `cat`."""
+    import io
     import signal
     import sys
 
@@ -103,13 +98,42 @@ def parse_args(args_class):
     argv = sys.argv[1:]
     resume = next((value for flag, value in zip(argv, argv[1:] + [None]) if flag == "--resume"), None)
     resume = resume or next((a.split("=", 1)[1] for a in argv if a.startswith("--resume=")), None)
-    if resume is None:
-        return tyro.cli(args_class)
-    saved = runs.saved_args(resume)
-    fields = {name for name in args_class.__dataclass_fields__}
-    args = tyro.cli(args_class, default=args_class(**{k: v for k, v in saved.items() if k in fields}))
-    runs.refuse_changed_flags(saved, args)
+    default = None
+    if resume is not None:
+        saved = runs.saved_args(resume)
+        default = args_class(**{k: v for k, v in saved.items() if k in args_class.__dataclass_fields__})
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):  # tyro draws its errors in a box: one line of it is said below
+            args = tyro.cli(args_class, config=(tyro.conf.DisallowNone,), **({"default": default} if default else {}))
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise SystemExit(f"error: {tyro_error_line(errors.getvalue())}") from None
+    if resume is not None:
+        runs.refuse_changed_flags(saved, args)
     return args
+
+
+def tyro_error_line(box: str) -> str:
+    """The message of tyro's error box in one line ("Error parsing --seed: invalid literal for int() with base 10:
+    '1.5'" becomes "--seed must be an integer, got '1.5'")."""
+    body = []
+    for line in box.splitlines()[1:]:  # the first line holds the box's title
+        text = line.strip().strip("│").strip()
+        separator = not text.strip("─-")
+        if separator and body:
+            break
+        if not separator:
+            body.append(text)
+    message = " ".join(body).rstrip(".")
+    parsing = re.match(r"Error parsing (--[\w-]+): (.*)", message)
+    if not parsing:
+        return message
+    flag, detail = parsing.groups()
+    value = re.search(r"'([^']*)'\]?$", detail)
+    kind = "an integer" if ("int()" in detail or "INT" in detail) else "a number" if "FLOAT" in detail else None
+    return f"{flag} must be {kind}, got {value.group(1)!r}" if value and kind else f"{flag}: {detail}"
 
 
 def local_folder(model: str) -> Optional[str]:

@@ -863,8 +863,10 @@ def get_task(task: str, eval_task: str | None = None):
     Raises ValueError with a one-line message otherwise (or naming the file and line of a malformed file)."""
     if eval_task is not None and not task.endswith(".jsonl"):
         raise ValueError(f"--eval-task needs --task to be a .jsonl file too (the {task!r} task makes its own test split)")
-    if eval_task is not None and not (eval_task.endswith(".jsonl") and Path(eval_task).is_file()):
+    if eval_task is not None and not eval_task.endswith(".jsonl"):
         raise ValueError(f"--eval-task must be the path of a .jsonl file, got {eval_task!r}")
+    if eval_task is not None and not Path(eval_task).is_file():
+        raise ValueError(f"--eval-task file not found: {eval_task}")
     if task in TASKS:
         return TASKS[task]
     if task.endswith((".jsonl", ".py")) and not Path(task).is_file():

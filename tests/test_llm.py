@@ -1,6 +1,8 @@
 """common/llm.py: the defaults that depend on the model's scale, the statistics every group file logs, and the
 per-iteration log (schedule of evaluations, one console line per iteration)."""
 import os
+import re
+import sys
 
 import pytest
 import torch
@@ -117,3 +119,42 @@ def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
         assert llm.is_embedded(str(run_dir / "model"))
         _, out = in_process("grpo", ["--model", str(run_dir / "model"), *flags[:-1]], subdir="again")
         assert "default --learning-rate 0.0003  (the embedded models)" in out and "iteration    1/1" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--learning-rate", "abc"], "error: --learning-rate must be a number, got 'abc'"),
+    (["--seed", "1.5"], "error: --seed must be an integer, got '1.5'"),
+    (["--kl-estimator", "k4"], "error: invalid choice 'k4' for argument '--kl-estimator'. Expected one of ('k1', 'k2', 'k3')"),
+    (["--group-size"], "error: Missing value for argument '--group-size'. Expected 1 values"),
+    (["--groupsize", "4"], "error: Unrecognized options: --groupsize, 4"),
+])
+def test_a_value_the_parser_cannot_read_is_one_line_too(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["grpo.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        llm.parse_args(grpo.Args)
+    assert str(e.value) == message
+    assert capsys.readouterr().err == ""  # tyro's box is not shown
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo", "sapo"])
+def test_help_lists_choices_and_one_line_per_flag(name, monkeypatch, capsys):
+    import importlib
+
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
+    monkeypatch.setenv("COLUMNS", "250")
+    with pytest.raises(SystemExit) as e:
+        llm.parse_args(importlib.import_module(name).Args)
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "--kl-estimator {k1,k2,k3}" in out and "{None}" not in out
+    entries, current = {}, None  # flag -> the lines of its help; wide enough for each to fit on one
+    for line in out.splitlines():
+        text = line.strip("│╭╮╰╯─ ")
+        if text.startswith("--"):  # "--flag METAVAR  help", or the help on the next line
+            current, *help_text = re.split(r"\s{2,}", text, maxsplit=1)
+            entries[current] = help_text
+        elif current and text:
+            entries[current].append(text)
+    assert len(entries) > 30 and "--learning-rate FLOAT" in entries
+    for flag, lines in entries.items():  # a docstring's line break would leave a second line
+        assert len(lines) == 1, (flag, lines)
