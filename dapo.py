@@ -52,7 +52,6 @@ import contextlib
 import copy
 import os
 import random
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Literal, NamedTuple, Optional
@@ -174,7 +173,8 @@ def dynamic_sampling(model, tokenizer, task, rng, num_prompts: int, args: Args, 
         # 4. Rewards: DAPO's rule-based reward, +1 right and −1 wrong (DAPO §2.4), plus the soft overlong penalty
         # in [−1, 0] (§3.4); so a right answer cut at the cap (0) still beats a wrong one (−1 or less).
         accuracies = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
-        rewards = 2 * accuracies - 1 + overlong_penalty(samples.mask.sum(dim=1), args.max_new_tokens, args.overlong_buffer)
+        rewards = 2 * accuracies - 1 + overlong_penalty(samples.mask.sum(dim=1), args.max_new_tokens,
+                                                        args.overlong_buffer)
         # The filter looks at accuracy, as in the DAPO recipe: lengths alone differing is no signal about answers.
         rounds.append((samples, accuracies, rewards, has_mixed_answers(accuracies, args.group_size)))
         if sum(int(mixed.sum()) for *_, mixed in rounds) >= num_prompts:
@@ -239,7 +239,8 @@ def check_args(args: Args, world_size: int = 1) -> None:
          f"--prompts-per-iteration must be divisible by the {world_size} processes (whole groups live on one process), "
          f"got {args.prompts_per_iteration}"),
         (args.num_iterations >= 1, f"--num-iterations must be >= 1, got {args.num_iterations}"),
-        (args.max_new_tokens is None or args.max_new_tokens >= 1, f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
+        (args.max_new_tokens is None or args.max_new_tokens >= 1,
+         f"--max-new-tokens must be >= 1, got {args.max_new_tokens}"),
         (args.temperature > 0, f"--temperature must be > 0, got {args.temperature}"),
         (args.update_epochs >= 1, f"--update-epochs must be >= 1, got {args.update_epochs}"),
         (args.num_minibatches >= 1 and groups_per_process % args.num_minibatches == 0,
@@ -249,10 +250,12 @@ def check_args(args: Args, world_size: int = 1) -> None:
         (args.micro_batch_size is None or (args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0),
          f"--micro-batch-size must be >= 1 and divide the minibatch size {minibatch}"
          f"{' per process' if world_size > 1 else ''}, got {args.micro_batch_size}"),
-        (args.learning_rate is None or args.learning_rate > 0, f"--learning-rate must be > 0, got {args.learning_rate}"),
+        (args.learning_rate is None or args.learning_rate > 0,
+         f"--learning-rate must be > 0, got {args.learning_rate}"),
         (args.max_grad_norm > 0, f"--max-grad-norm must be > 0, got {args.max_grad_norm}"),
         (args.beta >= 0, f"--beta must be >= 0, got {args.beta}"),
-        (args.kl_estimator in ("k1", "k2", "k3"), f"--kl-estimator must be one of k1, k2, k3, got {args.kl_estimator!r}"),
+        (args.kl_estimator in ("k1", "k2", "k3"),
+         f"--kl-estimator must be one of k1, k2, k3, got {args.kl_estimator!r}"),
         (0 < args.clip_eps_low < 1, f"--clip-eps-low must be in (0, 1), got {args.clip_eps_low}"),
         (args.clip_eps_high > 0, f"--clip-eps-high must be > 0, got {args.clip_eps_high}"),
         (args.max_sampling_rounds >= 1, f"--max-sampling-rounds must be >= 1, got {args.max_sampling_rounds}"),
@@ -371,12 +374,13 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
         with autocast:
             samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy)
         texts = llm.decode(tokenizer, samples.responses, samples.mask)
-        graded = [task.reward(text, target) for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
+        graded = [task.reward(text, target)
+                  for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
         rewards.append(torch.tensor(graded).view(len(prompts), num_samples))
     return rewards[0], rewards[1]
 
 
-# ---------------------------------------------------------------- log-probs of the sampled tokens: each prompt read once
+# ---------------------------------------------------------------- log-probs of sampled tokens, each prompt read once
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, responses: Tensor,
                     temperature: float, share_prompt: bool = True) -> Tensor:
@@ -409,13 +413,14 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
         use_cache=cache is not None,
         logits_to_keep=responses.shape[1],  # only the T positions that predict response tokens
     ).logits
-    # float32 (so already, from the float32 output layer); divided in place: a second [n, T, vocab] copy would double the peak
+    # float32 (already so from the float32 output layer).
+    # Divided in place: a second [n, T, vocab] copy would double the peak.
     return logits.float().div_(temperature)
 
 
 def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
     """log π(y_t | x, y_<t) = logit of y_t − logsumexp of the logits: [N, T], without a [N, T, vocab] log-softmax copy.
-    A few positions at a time: logsumexp's temporaries are then [positions, vocab], and the logits alone are the peak."""
+    A few positions at a time, so logsumexp's temporaries are [positions, vocab]: the logits alone are the peak."""
     positions = max(1, llm.LOGITS_PER_CHUNK // logits.shape[-1])
     flat_logits, flat_tokens = logits.flatten(0, 1), tokens.flatten()  # [N*T, vocab], [N*T]
     return torch.cat([
@@ -529,7 +534,8 @@ if __name__ == "__main__":
     defaults = llm.resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
     if args.overlong_buffer is None:  # L_cache: a fifth of the cap, as the paper's 4,096 of 20,480 tokens
         args.overlong_buffer = 3 if llm.is_embedded(args.model) else args.max_new_tokens // 5
-        defaults.append(f"--overlong-buffer {args.overlong_buffer}  (DAPO's L_cache: a fifth of the cap; 3 for the embedded models)")
+        defaults.append(f"--overlong-buffer {args.overlong_buffer}  "
+                        "(DAPO's L_cache: a fifth of the cap; 3 for the embedded models)")
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = llm.resolve_model_path(args.model)
     rank, world_size, device = llm.init_distributed(args.cuda)
@@ -589,8 +595,7 @@ if __name__ == "__main__":
         with log.phase("generate"):
             model.eval()
             samples, accuracies, rewards, mixed, sampling = dynamic_sampling(
-                model, tokenizer, task, rng, prompts_per_process, args, device, autocast
-            )
+                model, tokenizer, task, rng, prompts_per_process, args, device, autocast)
         # Groups without mixed answers (filler: the rounds ran out) teach nothing: no advantage, no token in the loss.
         # With overlong filtering the loss also leaves out the tokens of responses cut at max_new_tokens.
         loss_mask = samples.mask * mixed.unsqueeze(1)
@@ -602,7 +607,8 @@ if __name__ == "__main__":
 
         # The update's minibatches are drawn first, so that π_θold is scored in the very passes of the first epoch.
         epochs = [
-            llm.draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size, args.beta == 0)
+            llm.draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
+                                 args.beta == 0)
             for epoch in range(args.update_epochs)
         ]
         # Log-probs of the sampled tokens under π_θold and π_ref: fixed targets, no gradient.

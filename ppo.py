@@ -1,6 +1,7 @@
 """PPO: Proximal Policy Optimization with a clipped surrogate (Schulman et al. 2017, arXiv 1707.06347).
 
-Equations: common/EQUATIONS.md#sec-ppo; GAE: Schulman et al. 2016, arXiv 1506.02438. Each iteration rolls out the current policy pi_old in `num_envs` parallel
+Equations: common/EQUATIONS.md#sec-ppo; GAE: Schulman et al. 2016, arXiv 1506.02438.
+Each iteration rolls out the current policy pi_old in `num_envs` parallel
 environments for `num_steps` steps, computes GAE advantages (eq. 80) and value targets (eq. 81)
 from the critic, then runs `update_epochs` epochs of minibatch gradient steps on
 

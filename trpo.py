@@ -1,7 +1,7 @@
 """TRPO: Trust Region Policy Optimization (Schulman et al. 2015, arXiv 1502.05477), on gymnasium classic control.
 
-Equations: common/EQUATIONS.md#sec-trpo; GAE: Schulman et al. 2016, arXiv 1506.02438. Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and
-approximately solves
+Equations: common/EQUATIONS.md#sec-trpo; GAE: Schulman et al. 2016, arXiv 1506.02438.
+Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and approximately solves
 
     max_theta  L(theta) = mean_t[ r_t(theta) A_t ]                                   (eq. 69)
     s.t.       mean_t KL(pi_old(.|s_t) || pi_theta(.|s_t)) <= delta                   (eq. 70)
@@ -10,8 +10,8 @@ with r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t). Linearising L (gradient g, eq. 7
 to second order (Fisher matrix A, eq. 72) gives the direction s = A^-1 g (eq. 73), found by conjugate
 gradient from Fisher-vector products (A is never formed), then the largest step along s that fits
 the trust region, beta = sqrt(2 delta / s^T A s) (eq. 74), shrunk by a backtracking line search until
-the surrogate improves and the exact KL is <= delta (common/EQUATIONS.md#sec-trpo-iteration, step 5). The critic is fitted
-separately by a few epochs of least-squares regression on the GAE returns (eq. 81).
+the surrogate improves and the exact KL is <= delta (common/EQUATIONS.md#sec-trpo-iteration, step 5).
+The critic is fitted separately by a few epochs of least-squares regression on the GAE returns (eq. 81).
 
 Compared with its siblings:
   - ppo.py replaces the constrained second-order step by first-order minibatch epochs on a clipped

@@ -1,7 +1,8 @@
 """VPG: vanilla policy gradient (REINFORCE, Williams 1992) with a learned baseline, on gymnasium classic control.
 
-Equations: common/EQUATIONS.md#sec-vpg (Williams 1992; Sutton et al. 2000). Each iteration collects a batch of experience with the current policy
-(eq. 37), computes the reward-to-go G_t of every step (eq. 38), and takes ONE gradient step
+Equations: common/EQUATIONS.md#sec-vpg (Williams 1992; Sutton et al. 2000).
+Each iteration collects a batch of experience with the current policy (eq. 37), computes the reward-to-go G_t
+of every step (eq. 38), and takes ONE gradient step
 
     grad J ~= mean_t[ grad log pi(a_t|s_t) (G_t - V(s_t)) ]       (eq. 39, with the baseline of eq. 42)
     theta  <- theta + alpha * grad J                              (eq. 40; here an Adam step)

@@ -75,7 +75,7 @@ class ModelArgs:
     save_every: int = 0
     """write a checkpoint every this many iterations; 0: only when Ctrl-C or SIGTERM stops the run"""
     resume: Optional[str] = None
-    """a run's folder: resume it from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""
+    """a run's folder: resume it from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""  # noqa: E501
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
 
@@ -206,7 +206,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         if not ok:
             raise SystemExit(f"error: {message}")
     try:
-        get_task(args.task, args.eval_task)  # a .jsonl file is read here: a malformed line is named before the model loads
+        get_task(args.task, args.eval_task)  # names a malformed .jsonl line before the model loads
     except ValueError as e:
         raise SystemExit(f"error: {e}")
 
@@ -238,11 +238,13 @@ def resolve_model_path(model: str) -> str:
         return os.path.dirname(cached_config)  # the cached snapshot: loads without asking the network
     download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
-        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {download}")
+        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache "
+                         f"and HF_HUB_OFFLINE is set: {download}")
     try:
         model_info(model, timeout=10)
     except RepositoryNotFoundError:
-        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub (a typo? a private model needs `hf auth login`)")
+        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub "
+                         "(a typo? a private model needs `hf auth login`)")
     except Exception as e:  # no network, DNS failure, time-out, proxy: whatever stops the download
         raise SystemExit(f"error: --model {model!r} is not in the local cache and the hub cannot be reached "
                          f"({type(e).__name__}): {download}")
@@ -268,9 +270,9 @@ def disable_dropout(model) -> None:
 
 
 def load_policy(name: str, model_path: str, device, float32_logits: bool = True):
-    """Tokenizer and model from a hub id, a folder or a .gguf file, dropout off, ready for left-padded batched generation
-    (and with `float32_logits`, its output layer in float32 under autocast)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy import: only after the argument checks
+    """Tokenizer and model from a hub id, a folder or a .gguf file, dropout off, ready for left-padded batched
+    generation (and with `float32_logits`, its output layer in float32 under autocast)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy, so after the argument checks
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # one console line per iteration, no loading bars
@@ -284,7 +286,8 @@ def load_policy(name: str, model_path: str, device, float32_logits: bool = True)
         tokenizer = AutoTokenizer.from_pretrained(adapter) if adapter else AutoTokenizer.from_pretrained(folder, **gguf)
         if tokenizer.eos_token_id is None:
             raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses could never end")
-        AutoConfig.from_pretrained(folder, trust_remote_code=False, **gguf)  # fails fast, without asking, on custom code
+        # Fails fast, without asking, on custom code.
+        AutoConfig.from_pretrained(folder, trust_remote_code=False, **gguf)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **gguf)
     except (OSError, ValueError) as e:
         if "trust_remote_code" in str(e):
@@ -298,10 +301,12 @@ def load_policy(name: str, model_path: str, device, float32_logits: bool = True)
     if adapter:  # the adapter's update folded into the weights: the model that run saved, to train on from here
         from peft import PeftModel
 
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft calls the old name
+        # peft calls the old name.
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload().requires_grad_(True)  # loaded frozen
     model = model.to(device)
-    # A saved adapter (and tokenizer) names its base model as the user gave it: the hub id, not this machine's cache folder.
+    # A saved adapter (and tokenizer) names its base model as the user gave it:
+    # the hub id, not this machine's cache folder.
     model.name_or_path = model.config._name_or_path = tokenizer.name_or_path = name
     for key in ("local_files_only", "is_local"):  # how this machine found the files: not for another machine
         tokenizer.init_kwargs.pop(key, None)
@@ -328,7 +333,8 @@ class Float32OutputLayer(torch.nn.Linear):
 
 
 def float32_output_layer(model) -> None:
-    """Make the model's output layer a Float32OutputLayer: the same module and weights (tied or not), another forward."""
+    """Make the model's output layer a Float32OutputLayer:
+    the same module and weights (tied or not), another forward."""
     head = model.get_output_embeddings()
     if type(head) is torch.nn.Linear:  # GPT-2, Llama, Qwen, ... (a subclass keeps its own forward)
         head.__class__ = Float32OutputLayer
@@ -397,7 +403,8 @@ def few_shot_line(tokenizer, task, few_shot: Optional[int]) -> list[str]:
     return [f"--few-shot {num_examples(tokenizer, task, None)}  ({kind})"]
 
 
-def format_prompts(tokenizer, task, prompts: list[str], few_shot: Optional[int], system_prompt: Optional[str]) -> list[str]:
+def format_prompts(tokenizer, task, prompts: list[str], few_shot: Optional[int],
+                   system_prompt: Optional[str]) -> list[str]:
     """What the model reads. A chat model: its chat template, with the question and the task's answer format in the
     user turn (after the system prompt), after `few_shot` solved examples as earlier user and assistant turns. A base
     model: `few_shot` solved examples as text, then the question, so that it answers in the format the reward reads;
@@ -408,7 +415,8 @@ def format_prompts(tokenizer, task, prompts: list[str], few_shot: Optional[int],
         system = [{"role": "system", "content": system_prompt}] if system_prompt else []
         shots = []
         for question, answer in examples:
-            shots += [{"role": "user", "content": f"{question}\n{task.instruction}"}, {"role": "assistant", "content": answer}]
+            shots += [{"role": "user", "content": f"{question}\n{task.instruction}"},
+                      {"role": "assistant", "content": answer}]
         return [
             tokenizer.apply_chat_template(
                 system + shots + [{"role": "user", "content": f"{p}\n{task.instruction}"}], tokenize=False,
@@ -474,7 +482,8 @@ def position_ids(attention_mask: Tensor) -> Tensor:
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
     """Stack [n_k, width_k] tensors of several sampling rounds, padding each to the widest one."""
     width = max(t.shape[1] for t in tensors)
-    return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value) for t in tensors])
+    return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)
+                      for t in tensors])
 
 
 def check_prompt_length(tokenizer, model, texts: list[str], max_new_tokens: int) -> None:
@@ -482,7 +491,8 @@ def check_prompt_length(tokenizer, model, texts: list[str], max_new_tokens: int)
     longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
     if longest + max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
         raise SystemExit(f"error: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
-                         f"model's {model.config.max_position_embeddings} positions: lower --few-shot or --max-new-tokens")
+                         f"model's {model.config.max_position_embeddings} positions: "
+                         "lower --few-shot or --max-new-tokens")
 
 
 # ---------------------------------------------------------------- several processes (torchrun): data parallel
@@ -523,7 +533,8 @@ def finish_distributed() -> None:
 
 
 def gradient_sync(model, last: bool):
-    """DDP all-reduces gradients in every backward pass; within one optimiser step only the last micro-batch needs it."""
+    """DDP all-reduces gradients in every backward pass;
+    within one optimiser step only the last micro-batch needs it."""
     if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         return contextlib.nullcontext()
     return model.no_sync()
@@ -535,7 +546,8 @@ def collective_device() -> str:
 
 
 def global_mean(value: float) -> float:
-    """Mean of a per-process number over all processes (itself in one process): what rank 0 logs is the whole batch's."""
+    """Mean of a per-process number over all processes (itself in one process):
+    what rank 0 logs is the whole batch's."""
     if not torch.distributed.is_initialized():
         return value
     total = torch.tensor([value], dtype=torch.float64, device=collective_device())
@@ -596,7 +608,8 @@ def entropy(logits: Tensor) -> Tensor:
     flat = logits.reshape(-1, logits.shape[-1])  # [positions, vocab]
     positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
     return torch.cat([
-        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1) for chunk in flat.split(positions)
+        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
+        for chunk in flat.split(positions)
     ]).view(logits.shape[:-1])
 
 

@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import numpy as np
 import torch
@@ -154,7 +154,8 @@ class IterationLog:
         if shown and terminal:
             print("\r" + " " * 60 + "\r", end="", flush=True)
 
-    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]], learning_rate: float) -> None:
+    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]],
+                      learning_rate: float) -> None:
         """Log at x = iterations done: means over all processes, written by process 0, then evaluate when due."""
         elapsed = time.time() - self.iteration_start
         logged = {
@@ -191,7 +192,8 @@ class IterationLog:
     def warn_if_never_right(self, logged: dict) -> None:
         """Once, when no sampled response has been right in the first 3 iterations: every group is then all wrong,
         so no advantage is ever nonzero and the run can learn nothing."""
-        self.never_right = self.never_right + 1 if logged["charts/train_accuracy"] == 0 and self.never_right >= 0 else -1
+        self.never_right = (self.never_right + 1 if logged["charts/train_accuracy"] == 0 and self.never_right >= 0
+                            else -1)
         if self.never_right == 3:
             cut = logged["charts/truncated_fraction"]
             print(f"no sampled response has been right in 3 iterations: nothing can be learned. Usual causes: the "
@@ -230,8 +232,8 @@ class Checkpoints:
         if self.first_signal is None:
             self.first_signal, self.stop_asked = time.time(), True
             if self.rank == 0:
-                print(f"\n{signal.Signals(number).name}: stopping after iteration {self.iteration + 1} with a checkpoint "
-                      "(again to stop at once, without one)", flush=True)
+                print(f"\n{signal.Signals(number).name}: stopping after iteration {self.iteration + 1} "
+                      "with a checkpoint (again to stop at once, without one)", flush=True)
 
     def resume_command(self) -> str:
         return f"python {os.path.basename(sys.argv[0])} --resume {self.folder}"
@@ -328,7 +330,8 @@ def refuse_changed_flags(saved: dict, args) -> None:
         if key not in MAY_CHANGE_ON_RESUME and key in saved and saved[key] != value:
             flag = "--" + key.replace("_", "-")
             raise SystemExit(f"error: --resume: {flag} {value} differs from the run's {flag} {saved[key]}; a resumed "
-                             f"run may change only {', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE_ON_RESUME[1:])}")
+                             "run may change only "
+                             f"{', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE_ON_RESUME[1:])}")
 
 
 def args_json(args) -> str:

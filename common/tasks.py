@@ -858,11 +858,13 @@ TASKS = {
 
 
 def get_task(task: str, eval_task: str | None = None):
-    """The task for a `--task` value: a name of TASKS, the path of a .jsonl file or of a .py file (PluginTask); with `eval_task` (a .jsonl
-    file, --eval-task) the held-out questions are that file's instead of a hash split of --task's file.
+    """The task for a `--task` value: a name of TASKS, the path of a .jsonl file or of a .py file (PluginTask);
+    with `eval_task` (a .jsonl file, --eval-task) the held-out questions are that file's instead of a hash split
+    of --task's file.
     Raises ValueError with a one-line message otherwise (or naming the file and line of a malformed file)."""
     if eval_task is not None and not task.endswith(".jsonl"):
-        raise ValueError(f"--eval-task needs --task to be a .jsonl file too (the {task!r} task makes its own test split)")
+        raise ValueError("--eval-task needs --task to be a .jsonl file too "
+                         f"(the {task!r} task makes its own test split)")
     if eval_task is not None and not eval_task.endswith(".jsonl"):
         raise ValueError(f"--eval-task must be the path of a .jsonl file, got {eval_task!r}")
     if eval_task is not None and not Path(eval_task).is_file():
@@ -875,5 +877,5 @@ def get_task(task: str, eval_task: str | None = None):
         return JsonlTask(task, eval_task)
     if task.endswith(".py"):
         return PluginTask(task)
-    raise ValueError(f"--task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py file of your own, "
-                     f"got {task!r}")
+    raise ValueError(f"--task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py file "
+                     f"of your own, got {task!r}")

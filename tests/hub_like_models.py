@@ -31,7 +31,8 @@ def make_tokenizer(chat: bool, eos: str, pad: str | None):
     bpe = Tokenizer(models.BPE(unk_token="<unk>"))
     bpe.decoder = decoders.Fuse()
     alphabet = sorted(set("".join(texts)))
-    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=64, special_tokens=["<unk>", *SPECIALS], initial_alphabet=alphabet))
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=64, special_tokens=["<unk>", *SPECIALS],
+                                                       initial_alphabet=alphabet))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=eos, unk_token="<unk>", pad_token=pad)
     if chat:
         tokenizer.chat_template = CHAT_TEMPLATE
@@ -44,11 +45,12 @@ def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) ->
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(seed)
-    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 max_position_embeddings=512)
+    small = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=512)
     if arch == "gpt2":
         tokenizer = make_tokenizer(chat=False, eos="<|endoftext|>", pad=None)
-        kwargs = dict(n_embd=32, n_layer=2, n_head=2, n_positions=512, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        kwargs = dict(n_embd=32, n_layer=2, n_head=2, n_positions=512, resid_pdrop=dropout, embd_pdrop=dropout,
+                      attn_pdrop=dropout)
     elif arch == "llama":
         tokenizer = make_tokenizer(chat=False, eos="</s>", pad=None)
         kwargs = dict(small, attention_dropout=dropout, tie_word_embeddings=False)
@@ -60,9 +62,9 @@ def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) ->
         kwargs = dict(small, head_dim=8, attention_dropout=dropout, tie_word_embeddings=True)
     elif arch == "opt":
         tokenizer = make_tokenizer(chat=False, eos="</s>", pad="<unk>")
-        kwargs = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
-                      word_embed_proj_dim=32, dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
-                      pad_token_id=tokenizer.pad_token_id)
+        kwargs = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                      max_position_embeddings=512, word_embed_proj_dim=32, dropout=dropout, attention_dropout=dropout,
+                      activation_dropout=dropout, pad_token_id=tokenizer.pad_token_id)
     elif arch == "gpt_neox":
         tokenizer = make_tokenizer(chat=False, eos="<|endoftext|>", pad=None)
         kwargs = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

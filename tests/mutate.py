@@ -80,7 +80,8 @@ CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip 
 REGIONS = {
     **{f: dict(functions=GROUP_FUNCTIONS, blocks=[("# 4. Rewards", "# Log-probs of the sampled tokens")],
                skip=GROUP_SKIP) for f in GROUP},
-    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_mixed_answers", "fill_batch", "dynamic_sampling"],
+    "dapo.py": dict(functions=GROUP_FUNCTIONS + ["overlong_penalty", "has_mixed_answers", "fill_batch",
+                                                 "dynamic_sampling"],
                     blocks=[("# Groups without mixed answers", "# Log-probs of the sampled tokens")],
                     skip=GROUP_SKIP),
     "common/llm.py": dict(functions=LLM_FUNCTIONS, blocks=[], skip=[]),
@@ -91,7 +92,8 @@ REGIONS = {
 # torchrun launch; the smoke runs of the CLI stay for the files whose main loop is mutated).
 GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "tests/test_grpo.py",
                "tests/test_group_distributed.py", "-k",
-               "not learns and not smoke and not real_model_code_path and not headroom and not two_processes and not torchrun"]
+               "not learns and not smoke and not real_model_code_path and not headroom and not two_processes "
+               "and not torchrun"]
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
     "common/llm.py": GROUP_TESTS[:-2] + ["tests/test_llm.py", "tests/test_group_prompts.py", "-k", GROUP_TESTS[-1]
@@ -123,36 +125,47 @@ SEMANTIC = [
     *[(f, LOSS_KL_GROUP, LOSS_KL_GROUP.replace("(logprobs, ref_logprobs", "(ref_logprobs, logprobs"),
        "KL in the wrong direction: KL(π_ref ‖ π_θ)") for f in ("grpo.py", "dr_grpo.py", "dapo.py", "sapo.py")],
     ("dr_grpo.py", LOSS_KL_GROUP,
-     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * max_new_tokens / mask.sum(1, keepdim=True).clamp(min=1)",
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * max_new_tokens"
+     " / mask.sum(1, keepdim=True).clamp(min=1)",
      "KL averaged per response (GRPO's aggregation) instead of summed / T_max"),
     ("dapo.py", LOSS_KL_GROUP,
-     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum() / mask.shape[0] / mask.sum(1, keepdim=True).clamp(min=1)",
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum() / mask.shape[0]"
+     " / mask.sum(1, keepdim=True).clamp(min=1)",
      "KL averaged per response (GRPO's aggregation) instead of over all tokens"),
     ("grpo.py", LOSS_KL_GROUP,
-     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True) * mask.shape[0] / mask.sum().clamp(min=1)",
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True)"
+     " * mask.shape[0] / mask.sum().clamp(min=1)",
      "KL averaged over the batch's tokens (DAPO's aggregation) instead of per response"),
     ("sapo.py", LOSS_KL_GROUP,
-     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True) * mask.shape[0] / mask.sum().clamp(min=1)",
+     "per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask.sum(1, keepdim=True)"
+     " * mask.shape[0] / mask.sum().clamp(min=1)",
      "KL averaged over the batch's tokens instead of per response"),
-    ("gspo.py", "per_response = per_response - beta * kl", "per_response = per_response + beta * kl", "KL term with the wrong sign"),
-    ("gspo.py", "kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)", "kl_penalty(ref_logprobs, logprobs, kl_estimator), mask)",
+    ("gspo.py", "per_response = per_response - beta * kl", "per_response = per_response + beta * kl",
+     "KL term with the wrong sign"),
+    ("gspo.py", "kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)",
+     "kl_penalty(ref_logprobs, logprobs, kl_estimator), mask)",
      "KL in the wrong direction"),
     ("gspo.py", "kl = masked_mean_per_response(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)",
-     "kl = (kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask).sum(1)", "KL summed over tokens instead of averaged"),
+     "kl = (kl_penalty(logprobs, ref_logprobs, kl_estimator) * mask).sum(1)",
+     "KL summed over tokens instead of averaged"),
     *[(f, "loss = loss * len(inds) / len(minibatch.rows)\n", "",
        "pass losses not weighted by their share of the minibatch (over-weighted)") for f in GROUP if f != "dapo.py"],
     *[(f, "loss = loss * len(inds) / len(minibatch.rows)", "loss = loss / len(minibatch.rows)",
        "pass weight 1/minibatch instead of its share") for f in GROUP if f != "dapo.py"],
     ("dapo.py", "                        num_active_tokens=num_active_tokens,\n", "",
      "DAPO's normaliser per micro-batch instead of the whole step"),
-    ("dapo.py", "                    loss.backward()\n", "                    loss = loss * len(inds) / len(minibatch.rows)\n"
+    ("dapo.py", "                    loss.backward()\n",
+     "                    loss = loss * len(inds) / len(minibatch.rows)\n"
      "                    loss.backward()\n", "DAPO's passes weighted like GRPO's"),
     ("dapo.py", "num_active_tokens = llm.global_mean(rollout.mask[minibatch.rows].sum().item())",
-     "num_active_tokens = llm.global_mean(rollout.mask[minibatch.passes[0] if minibatch.passes else minibatch.rows].sum().item())",
+     "num_active_tokens = llm.global_mean(rollout.mask[minibatch.passes[0] if minibatch.passes else minibatch.rows]"
+     ".sum().item())",
      "DAPO's token count of the first pass, not of the whole minibatch"),
-    ("dapo.py", "loss_mask = samples.mask * mixed.unsqueeze(1)", "loss_mask = samples.mask", "filler groups enter the loss mask"),
+    ("dapo.py", "loss_mask = samples.mask * mixed.unsqueeze(1)", "loss_mask = samples.mask",
+     "filler groups enter the loss mask"),
     ("dapo.py", "advantages = compute_advantages(rewards, args.group_size) * mixed",
-     "advantages = compute_advantages(rewards, args.group_size)", "filler groups keep their (length-shaped) advantages"),
+     "advantages = compute_advantages(rewards, args.group_size)",
+     "filler groups keep their (length-shaped) advantages"),
     ("dapo.py", "loss_mask = loss_mask * (~samples.truncated).unsqueeze(1)", "loss_mask = loss_mask",
      "--overlong-filtering without effect"),
     ("dapo.py", "rounds.append((samples, accuracies, rewards, has_mixed_answers(accuracies, args.group_size)))",
@@ -168,21 +181,26 @@ SEMANTIC = [
     *[(f, "cache.batch_repeat_interleave(num_samples)", "cache.batch_repeat_interleave(1)\n"
        "    cache.reorder_cache(torch.arange(len(prompt_ids), device=device).repeat(num_samples))",
        "sampling: prompts' caches repeated in the wrong order (G copies not next to each other)") for f in GROUP],
-    *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature") for f in GROUP],
+    *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature")
+      for f in GROUP],
     *[(f, "ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, autocast)",
        "ref_logprobs[inds] = logprobs_of(model, samples, inds, args, autocast)",
        "reference log-probs taken from the current policy") for f in GROUP],
     *[(f, "return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()",
        "return contextlib.nullcontext()", "LoRA: reference log-probs with the adapters on (= π_θ)") for f in GROUP],
-    ("trpo.py", "if surr >= surr_old and approx_kl <= args.max_kl:", "if surr >= surr_old:", "line search without its KL test"),
+    ("trpo.py", "if surr >= surr_old and approx_kl <= args.max_kl:", "if surr >= surr_old:",
+     "line search without its KL test"),
     ("trpo.py", "if surr >= surr_old and approx_kl <= args.max_kl:", "if approx_kl <= args.max_kl:",
      "line search without its improvement test"),
     ("trpo.py", "torch.sqrt(2 * args.max_kl", "torch.sqrt(args.max_kl", "step scale without its factor 2"),
 ]
 SEMANTIC += [
-    (f, "            env_action = action.numpy()\n            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
-        "                env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)\n",
-     "            env_action = action.numpy()\n            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
+    (f, "            env_action = action.numpy()\n"
+        "            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
+        "                env_action = np.clip(env_action, envs.single_action_space.low, "
+        "envs.single_action_space.high)\n",
+     "            env_action = action.numpy()\n"
+     "            if agent.continuous:  # the Gaussian is unbounded; the env gets the clipped action\n"
      "                env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)\n"
      "                actions[step] = torch.as_tensor(env_action, dtype=torch.float32)\n",
      "the clipped action stored instead of the sampled one") for f in CLASSIC
@@ -201,19 +219,25 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('grpo.py', 'first_eos = torch.where(truncated, responses.shape[1] - 1, is_eos.int().argmax(dim=1))', '1 → 0'):
         'equivalent: for a cut response any end ≥ T − 1 gives the same all-ones mask',
     ('grpo.py', 'model.eval()', 'delete the statement'):
-        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
-    ('grpo.py', 'model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing', 'delete the statement'):
-        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number '
+        '(it only switches gradient checkpointing, memory)',
+    ('grpo.py', 'model.train()  # dropout is off (disable_dropout); train mode only enables gradient checkpointing',
+     'delete the statement'):
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number '
+        '(it only switches gradient checkpointing, memory)',
     ('grpo.py', 'with reference_scoring(ref_model, args), autocast:', 'ref_model → model'):
         'equivalent: with LoRA ref_model is model; without, reference_scoring is a no-op',
-    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', '-1.0 → -2.0'):
+    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)',
+     '-1.0 → -2.0'):
         'equivalent: lengths never exceed max_new_tokens, so the penalty never falls below −1',
-    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)', 'drop min='):
+    ('dapo.py', 'return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)',
+     'drop min='):
         'equivalent: lengths never exceed max_new_tokens, so the penalty never falls below −1',
     ('dapo.py', 'return -(per_token * mask).sum() / max(float(num_active_tokens), 1e-6)', '1e-06 → 2e-06'):
         'equivalent: the floor acts only on a batch without real tokens, whose sum is 0',
     ('dapo.py', 'model.eval()', 'delete the statement'):
-        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number (it only switches gradient checkpointing, memory)',
+        'equivalent: dropout is 0 (disable_dropout), so train/eval mode changes no number '
+        '(it only switches gradient checkpointing, memory)',
     ('dapo.py', 'generate_seconds = time.time() - iteration_start', '- → +'):
         'harmless: a duration that is only logged (perf/generate_seconds)',
     ('sapo.py', 'tau = torch.where(adv > 0, adv.new_tensor(tau_pos), adv.new_tensor(tau_neg))', '> → >='):
@@ -222,24 +246,41 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'harmless: only logged (losses/approx_kl after the step)',
     ('a2c.py', 'logratio = agent.get_dist(b_obs).log_prob(b_actions) - b_logprobs', '- → +'):
         'harmless: only logged (losses/approx_kl after the step)',
-    ('trpo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '-20.0 → -40.0'):
-        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
-    ('trpo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '20.0 → 40.0'):
-        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
-    ('ppo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '-20.0 → -40.0'):
-        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
-    ('ppo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite', '20.0 → 40.0'):
-        'harmless: the clamp only keeps exp finite; ±40 does too in float32 (tests/test_classic_losses.py pins finiteness)',
+    ('trpo.py',
+     'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite',
+     '-20.0 → -40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 '
+        '(tests/test_classic_losses.py pins finiteness)',
+    ('trpo.py',
+     'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite',
+     '20.0 → 40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 '
+        '(tests/test_classic_losses.py pins finiteness)',
+    ('ppo.py',
+     'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite',
+     '-20.0 → -40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 '
+        '(tests/test_classic_losses.py pins finiteness)',
+    ('ppo.py',
+     'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))  # eq. (76); the clamp keeps exp finite',
+     '20.0 → 40.0'):
+        'harmless: the clamp only keeps exp finite; ±40 does too in float32 '
+        '(tests/test_classic_losses.py pins finiteness)',
     ('trpo.py', 'if rr < 1e-10:', '1e-10 → 2e-10'):
-        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) moves the answer by far less than its iteration error",
+        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) "
+        "moves the answer by far less than its iteration error",
     ('trpo.py', 'if rr < 1e-10:', '< → <='):
-        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) moves the answer by far less than its iteration error",
+        "harmless: conjugate gradient's early-exit tolerance on the squared residual; 1e-10 vs 2e-10 (or < vs <=) "
+        "moves the answer by far less than its iteration error",
     ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '+ → -'):
-        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 '
+        '(with λ = 0 and g = 0 the step is 0 anyway)',
     ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '1e-12 → 0.0'):
-        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 '
+        '(with λ = 0 and g = 0 the step is 0 anyway)',
     ('trpo.py', 'beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)', '1e-12 → 2e-12'):
-        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 (with λ = 0 and g = 0 the step is 0 anyway)',
+        'harmless: a guard against 0 / 0; sᵀ(F + λI)s ≥ λ|s|² is never near 1e-12 with --cg-damping > 0 '
+        '(with λ = 0 and g = 0 the step is 0 anyway)',
     ('trpo.py', 'if surr >= surr_old and approx_kl <= args.max_kl:', '<= → <'):
         'equivalent: differs only when the mean KL equals δ exactly',
     ('trpo.py', 'if surr >= surr_old and approx_kl <= args.max_kl:', '>= → >'):
@@ -256,7 +297,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'harmless: the step counter is the x axis of the logs and the console line',
     ('ppo.py', 'global_step += args.num_envs', 'delete the statement'):
         'harmless: the step counter is the x axis of the logs and the console line',
-    ('ppo.py', 'env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)', 'env_action → action'):
+    ('ppo.py', 'env_action = np.clip(env_action, envs.single_action_space.low, envs.single_action_space.high)',
+     'env_action → action'):
         'equivalent: np.clip of the action tensor gives the same array as np.clip of its numpy copy',
     ('ppo.py', 'if args.target_kl is not None and approx_kl > args.target_kl:', '> → >='):
         'equivalent: differs only when the KL estimate equals --target-kl exactly',
@@ -418,10 +460,11 @@ def rule_mutants(src: Source, node, parents: dict, scope: set[str], local: set[s
         start, end = src.span(node)
         prefix = src.segment(start, operand_start)
         if prefix.strip("( ") in ("-", "~", "not"):
-            out.append((f"drop the unary {prefix.strip('( ')}", src.replace(start, end, prefix.replace(prefix.strip("( "), "", 1).lstrip()
-                                                                             + src.segment(operand_start, end))))
-    elif isinstance(node, ast.Constant) and type(node.value) in (int, float) and not isinstance(parents.get(node), ast.UnaryOp) \
-            and not is_shape_argument(node, parents):
+            out.append((f"drop the unary {prefix.strip('( ')}",
+                        src.replace(start, end, prefix.replace(prefix.strip("( "), "", 1).lstrip()
+                                    + src.segment(operand_start, end))))
+    elif (isinstance(node, ast.Constant) and type(node.value) in (int, float)
+          and not isinstance(parents.get(node), ast.UnaryOp) and not is_shape_argument(node, parents)):
         value = node.value
         for new in ([1] if value == 0 else [0, 2] if value == 1 else [0, value * 2]):
             new = type(value)(new)
@@ -450,9 +493,11 @@ def rule_mutants(src: Source, node, parents: dict, scope: set[str], local: set[s
                     out.append((f"{name} → {other}", src.replace(end - len(name), end, other)))
     # a keyword argument of a function of this file or of clamp dropped: the default applies
     call = parents.get(node)
-    if isinstance(node, ast.keyword) and node.arg and isinstance(call, ast.Call) and identifier(call.func) in local | {"clamp"}:
+    if (isinstance(node, ast.keyword) and node.arg and isinstance(call, ast.Call)
+            and identifier(call.func) in local | {"clamp"}):
         kept = [kw for kw in call.keywords if kw is not node]
-        out.append((f"drop {node.arg}=", src.replace(*src.span(call), ast.unparse(ast.Call(call.func, call.args, kept)))))
+        out.append((f"drop {node.arg}=",
+                    src.replace(*src.span(call), ast.unparse(ast.Call(call.func, call.args, kept)))))
     # a statement deleted
     if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
         if isinstance(node, ast.AugAssign) or targets_of(node) & names_read(node.value):
@@ -474,7 +519,8 @@ SHAPE_METHODS = {"view", "reshape", "unsqueeze", "squeeze", "cumsum", "gather", 
 
 
 def is_shape_argument(node, parents) -> bool:
-    """A dimension or view argument (dim=1, .view(-1), .unsqueeze(1)): a wrong one is a shape error, seen by every test."""
+    """A dimension or view argument (dim=1, .view(-1), .unsqueeze(1)):
+    a wrong one is a shape error, seen by every test."""
     parent = parents.get(node)
     if isinstance(parent, ast.keyword):
         return parent.arg in ("dim", "keepdim")
@@ -504,7 +550,8 @@ def mutants_for(file: str, all_copies: bool = False) -> list[Mutant]:
             print(f"warning: {file}: semantic mutant {description!r} does not apply ({count} matches of its text)",
                   file=sys.stderr)
             continue
-        found.append(Mutant(file, text[: text.index(old)].count("\n") + 1, f"[semantic] {description}", text.replace(old, new)))
+        found.append(Mutant(file, text[: text.index(old)].count("\n") + 1, f"[semantic] {description}",
+                            text.replace(old, new)))
     valid = []
     for mutant in sorted(found, key=lambda m: (m.line, m.description)):
         try:
@@ -603,7 +650,8 @@ def main() -> None:
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", nargs="+", default=None, help="run only these mutant ids (file.py:N)")
     parser.add_argument("--all-copies", action="store_true",
-                        help="also mutate the code a file shares verbatim with grpo.py / ppo.py (mutated there by default)")
+                        help="also mutate the code a file shares verbatim with grpo.py / ppo.py "
+                             "(mutated there by default)")
     parser.add_argument("--workers", type=int, default=2, help="mutants run in parallel (at most 2 on this machine)")
     parser.add_argument("--timeout-factor", type=float, default=3.0,
                         help="a mutant times out after this many times the unmutated tests' duration, + 30 s")
@@ -649,8 +697,8 @@ def main() -> None:
             status = {"failed": "killed", "passed": "survived", "timeout": "timeout"}[outcome]
             with lock:
                 results[m.id] = status
-                print(f"{m.id:14s} {status:9s} {seconds:5.1f} s  line {m.line}: {m.description}  |  {m.original_line[:80]}",
-                      flush=True)
+                print(f"{m.id:14s} {status:9s} {seconds:5.1f} s  line {m.line}: {m.description}  |  "
+                      f"{m.original_line[:80]}", flush=True)
 
         with ThreadPoolExecutor(max_workers=workers.qsize()) as pool:
             list(pool.map(run_one, [m for ms in mutants.values() for m in ms]))

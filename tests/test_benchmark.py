@@ -79,7 +79,8 @@ def test_end_to_end_ppo(tmp_path, capsys):
     steps_to, seconds_to, low_after, final = int(cells[2].replace(",", "")), *map(float, cells[3:6])
     assert 0 < steps_to <= 4096 and 1.0 < seconds_to < 60 and final >= 30 and low_after <= final
     assert "| ppo | 1/1 |" in text
-    assert text.startswith("`python -m common.tools.benchmark --algos ppo --seeds 1 --no-pin")  # the command comes first
+    # The command comes first.
+    assert text.startswith("`python -m common.tools.benchmark --algos ppo --seeds 1 --no-pin")
 
 
 def test_help_shows_every_default_and_the_classic_targets(capsys):
@@ -117,12 +118,12 @@ def test_tuned_flags_parse_and_pass_every_check():
         B.tuned_args("vpg", "NoSuchEnv-v0")
 
 
-def test_readme_table_shows_the_tuned_flags():
+def test_results_table_shows_the_tuned_flags():
     import os
 
-    readme = open(os.path.join(B.ROOT, "README.md")).read()
-    table = readme.split("### Flags per environment", 1)[1]
+    readme = open(os.path.join(B.ROOT, "common", "results", "classic.md")).read()
+    table = readme.split("## Flags per environment", 1)[1]
     for env_id, per_algo in B.TUNED.items():
         for algo, flags in per_algo.items():
             if flags:
-                assert f"`{flags}`" in table, f"README: flags of {algo} on {env_id} missing or different"
+                assert f"`{flags}`" in table, f"classic.md: flags of {algo} on {env_id} missing or different"

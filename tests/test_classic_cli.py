@@ -75,7 +75,8 @@ SPECIFIC_BAD = {
 CASES = [(f, kw, flag) for f in FILES for kw, flag in COMMON_BAD + SPECIFIC_BAD[f]]
 
 
-@pytest.mark.parametrize("name,kwargs,flag", CASES, ids=[f"{f}-{'-'.join(kw)}={list(kw.values())[0]}" for f, kw, _ in CASES])
+@pytest.mark.parametrize("name,kwargs,flag", CASES,
+                         ids=[f"{f}-{'-'.join(kw)}={list(kw.values())[0]}" for f, kw, _ in CASES])
 def test_bad_argument_gives_one_clear_line(name, kwargs, flag):
     mod = MODULES[name]
     args = dataclasses.replace(mod.Args(), **kwargs)
@@ -224,6 +225,7 @@ def test_truncation_bootstraps_and_autoreset_steps_are_dropped(name, in_process)
 
 def test_trpo_steps_stay_in_the_trust_region(in_process):
     # every accepted step: exact mean KL(pi_old || pi) <= delta (eq. 70), and the policy does move
-    run_dir, _ = in_process("trpo", ["--total-timesteps", "8192", "--num-envs", "4", "--num-steps", "128", "--max-kl", "0.005"])
+    run_dir, _ = in_process("trpo", ["--total-timesteps", "8192", "--num-envs", "4", "--num-steps", "128",
+                                     "--max-kl", "0.005"])
     kls = [v for _, _, v in read_scalars(str(run_dir))["losses/approx_kl"]]
     assert len(kls) == 16 and max(kls) <= 0.005 and sum(k > 0.001 for k in kls) >= 8, kls

@@ -157,7 +157,8 @@ def test_ppo_trpo_vpg_a2c_gradients_equal_at_ratio_one():
 
 
 def test_seed_clip_worked_example():
-    # the worked clip example (common/EQUATIONS.md#sec-ppo-clip-example): r = 0.5, A = -10, eps = 0.2: min(-5, -8) = -8, and the gradient is 0
+    # the worked clip example (common/EQUATIONS.md#sec-ppo-clip-example)
+    # r = 0.5, A = -10, eps = 0.2: min(-5, -8) = -8, and the gradient is 0
     logprob = torch.log(torch.tensor([0.5])).requires_grad_(True)
     loss = ppo.policy_loss(logprob, torch.zeros(1), torch.tensor([-10.0]), 0.2)
     assert loss.item() == pytest.approx(8.0)  # the loss is the negated objective -(-8)
@@ -281,7 +282,8 @@ def test_adam_matches_torch_optim(name):
 
 
 def test_far_off_policy_ratios_stay_finite():
-    """Ratios of exp(±50) and beyond (numerical edge cases): PPO's loss and TRPO's surrogate stay finite, gradients too."""
+    """Ratios of exp(±50) and beyond (numerical edge cases):
+    PPO's loss and TRPO's surrogate stay finite, gradients too."""
     import ppo
     import trpo
 

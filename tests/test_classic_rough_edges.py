@@ -1,5 +1,5 @@
 """Classic control as a new user meets it: missing env packages, offset Discrete actions, the console,
-the effective number of steps, and loading a saved agent the way the README shows.
+the effective number of steps, and loading a saved agent the way common/GUIDE.md shows.
 
 Everything runs in-process (a new python process costs seconds): make_envs for the env errors, the
 scripts' main loop through runpy for the rest.
@@ -111,12 +111,12 @@ def test_console_says_the_effective_steps_and_prints_about_once_a_second(name, i
 
 
 # ---------------------------------------------------------------------------------------------
-# The README's snippet that loads a saved agent and runs evaluation episodes
+# The guide's snippet that loads a saved agent and runs evaluation episodes
 
 
 def _readme_snippet():
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    section = readme.split("### Loading a saved agent", 1)[1]
+    readme = open(os.path.join(ROOT, "common", "GUIDE.md")).read()
+    section = readme.split("## Loading a saved classic agent", 1)[1]
     return re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
 
 
@@ -127,10 +127,10 @@ def test_readme_snippet_loads_a_saved_agent_and_matches_training(in_process, mon
     training = [v for _, _, v in read_scalars(str(run_dir))["charts/episodic_return"]][-20:]
     code = _readme_snippet()
     code, n = re.subn(r'^path = ".*"$', f'path = "{run_dir / "ppo.pt"}"', code, flags=re.M)
-    assert n == 1, "the README snippet must set `path = \"...\"` on one line"
+    assert n == 1, "the guide's snippet must set `path = \"...\"` on one line"
     monkeypatch.syspath_prepend(ROOT)
     namespace = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "common/GUIDE.md", "exec"), namespace)
     returns = namespace["returns"]
     assert len(returns) == 10 and f"mean return over 10 episodes: {np.mean(returns):.1f}" in capsys.readouterr().out
     assert np.mean(training) > 200, training  # well above a random policy (~20)

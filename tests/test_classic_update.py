@@ -155,7 +155,8 @@ def batch_of(rec, T=12, gamma=0.9, lam=0.7):
 
 
 def hand_gae(rewards, values, dones, next_value, next_done, gamma, lam):
-    """eq. (80)-(81), one env at a time: δ_t = r_t + γ V_{t+1} (1 − d_{t+1}) − V_t, A_t = δ_t + γλ (1 − d_{t+1}) A_{t+1}."""
+    """eq. (80)-(81), one env at a time:
+    δ_t = r_t + γ V_{t+1} (1 − d_{t+1}) − V_t, A_t = δ_t + γλ (1 − d_{t+1}) A_{t+1}."""
     T, N = rewards.shape
     adv = torch.zeros(T, N, dtype=torch.float64)
     for n in range(N):
@@ -179,7 +180,6 @@ SPECIFIC = {"vpg": ["--num-minibatches", "1", "--update-epochs", "3", "--max-gra
 
 @pytest.mark.parametrize("name", FILES)
 def test_main_loop_feeds_gae_and_every_step_is_the_loss_gradient(name, monkeypatch, tmp_path):
-    module = MODULES[name]
     rec = run_main(name, ARGV + SPECIFIC[name], monkeypatch, tmp_path)
     (gae,) = rec["gae"]
     snapshot = gae["agent"]

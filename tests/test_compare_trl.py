@@ -19,14 +19,16 @@ def test_defaults_are_grpo_defaults_and_all_three_variants():
     args = C.parse_args([])
     assert args.variants == ["grpo", "trl", "trl-hook"]
     assert args.seeds == [1, 2, 3] and args.num_iterations == 150 and args.threshold == 0.9
-    assert (args.cores, args.no_pin, args.out, args.settings, args.worker, args.flags) == ([0], False, None, False, None, [])
+    assert ((args.cores, args.no_pin, args.out, args.settings, args.worker, args.flags)
+            == ([0], False, None, False, None, []))
 
 
 def test_flags_after_the_separator_are_grpo_flags_for_both_sides():
     args = C.parse_args(["--seeds", "1", "--", "--model", "gpt2", "--task", "addition2"])
     assert args.seeds == [1] and args.flags == ["--model", "gpt2", "--task", "addition2"]
     g = C.grpo_args(args.flags, num_iterations=16)  # as grpo.py reads them: its per-model defaults resolved
-    assert (g.model, g.task, g.num_iterations, g.learning_rate, g.max_new_tokens) == ("gpt2", "addition2", 16, 1e-6, 256)
+    assert ((g.model, g.task, g.num_iterations, g.learning_rate, g.max_new_tokens)
+            == ("gpt2", "addition2", 16, 1e-6, 256))
     assert C.grpo_args([], seed=2).learning_rate == 3e-4  # the embedded model keeps its own
 
 
@@ -76,7 +78,8 @@ def test_worker_flags_are_hidden_from_help(capsys):
 @pytest.fixture
 def without_trl(monkeypatch):
     real = C.importlib.util.find_spec
-    monkeypatch.setattr(C.importlib.util, "find_spec", lambda name, *a: None if name in ("trl", "datasets") else real(name, *a))
+    monkeypatch.setattr(C.importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("trl", "datasets") else real(name, *a))
 
 
 @pytest.mark.parametrize("argv", [[], ["--settings"], ["--worker", "trl", "--seed", "2"]])
@@ -101,7 +104,8 @@ def test_variants_of_a_seed_run_back_to_back_and_a_failure_does_not_stop_the_res
     monkeypatch.setattr(C, "require_optional", lambda: None)
     monkeypatch.setattr(C, "trl_version", lambda: C.TRL_TESTED)
     monkeypatch.setattr(C, "settings_markdown", lambda g: "settings table\n")
-    monkeypatch.setattr(C, "run_one", lambda variant, seed, n, flags, pin, keep: calls.append((variant, seed, n, pin)) or None)
+    monkeypatch.setattr(C, "run_one",
+                        lambda variant, seed, n, flags, pin, keep: calls.append((variant, seed, n, pin)) or None)
     out = tmp_path / "trl.md"
     C.main(["--seeds", "1", "2", "--num-iterations", "5", "--cores", "1", "--out", str(out)])
     assert calls == [("grpo", 1, 5, 1), ("trl", 1, 5, 1), ("trl-hook", 1, 5, 1),
@@ -135,7 +139,8 @@ def test_with_two_cores_the_variants_of_a_seed_run_at_once_one_per_core(monkeypa
 
 def test_a_crashing_run_is_reported_not_raised(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(C.tempfile, "mkdtemp", lambda prefix: str(tmp_path))  # the kept output stays out of /tmp
-    monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
+    monkeypatch.setattr(C, "command", lambda variant, seed, n, flags: [
+        sys.executable, "-c", "import sys; print('boom', file=sys.stderr); sys.exit(3)"])
     assert C.run_one("trl", 1, 5, [], pin=None, keep=False) is None
     err = capsys.readouterr().err
     assert "trl seed 1 FAILED (exit code 3" in err and "boom" in err
@@ -157,7 +162,8 @@ def test_commands():
     assert grpo_cmd[1] == os.path.join(ROOT, "grpo.py")
     assert grpo_cmd[2:] == ["--model", "m", "--seed", "2", "--num-iterations", "7", "--no-cuda"]
     assert C.command("trl-hook", 3, 7, ["--model", "m"])[1:] == [
-        "-m", "common.tools.compare_trl", "--worker", "trl-hook", "--seed", "3", "--num-iterations", "7", "--", "--model", "m"]
+        "-m", "common.tools.compare_trl", "--worker", "trl-hook", "--seed", "3", "--num-iterations", "7",
+        "--", "--model", "m"]
 
 
 # ---------------------------------------------------------------- reading the numbers back
@@ -189,7 +195,8 @@ def test_summarise_counts_training_from_the_first_evaluation_and_leaves_evaluati
 def test_markdown_medians_count_unreached_seeds_as_never():
     row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9, eval_every=10)
     unreached = dict(row, x_to=float("nan"), s_to=float("nan"))
-    text = C.markdown({"grpo": [(1, row), (2, row), (3, unreached)], "trl": [(1, unreached), (2, unreached), (3, None)]}, 0.9)
+    text = C.markdown({"grpo": [(1, row), (2, row), (3, unreached)],
+                       "trl": [(1, unreached), (2, unreached), (3, None)]}, 0.9)
     assert "| grpo | 2/3 | 10 | 7.0 | 0.500 |" in text
     assert "| trl | 0/3 (1 failed) | — | — |" in text  # no median iteration count when most seeds never got there
     assert "| trl | 3 | failed |" in text and "| grpo | 3 | — | — | 0.500 |" in text

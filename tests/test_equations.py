@@ -43,8 +43,9 @@ def cited(text, table=False):
 
 
 def sources():
-    """The files whose citations the page must resolve: the code, common/, the tests and the README."""
-    files = [os.path.join(ROOT, "README.md")]
+    """The files whose citations the page must resolve: the code, common/, the tests, the README and the pages."""
+    files = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "common", "GUIDE.md")]
+    files += sorted(glob.glob(os.path.join(ROOT, "common", "results", "*.md")))
     for pattern in ("*.py", "common/*.py", "tests/*.py"):
         files += sorted(glob.glob(os.path.join(ROOT, pattern)))
     return files

@@ -32,7 +32,8 @@ def folders(tmp_path_factory):
 
 
 def batch(tokenizer, seed=0, n=8, width=20, prompt_len=6, group_size=4):
-    """Random prompts (one per group of 4) and responses: prompt_ids, prompt_mask, prompt index of each row, responses."""
+    """Random prompts (one per group of 4) and responses:
+    prompt_ids, prompt_mask, prompt index of each row, responses."""
     torch.manual_seed(seed)
     prompt_ids = torch.randint(3, len(tokenizer) - 1, (n // group_size, prompt_len))
     responses = torch.randint(3, len(tokenizer) - 1, (n, width - prompt_len))
@@ -169,7 +170,8 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
     monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
     monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 10**9)
-    assert torch.equal(one_row, module.token_logprobs(logits, tokens))  # positions are independent: chunks change nothing
+    # positions are independent: chunks change nothing
+    assert torch.equal(one_row, module.token_logprobs(logits, tokens))
     # and the gradient flows through the chunks as through the whole
     logits.requires_grad_(True)
     monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)

@@ -18,7 +18,8 @@ from conftest import ROOT
 @pytest.mark.parametrize("script", ["dr_grpo.py", "gspo.py", "sapo.py"])
 def test_smoke_run_writes_tensorboard(script, tmp_path):
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, script), "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8"],
+        [sys.executable, os.path.join(ROOT, script), "--num-iterations", "2", "--prompts-per-iteration", "4",
+         "--eval-size", "8"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

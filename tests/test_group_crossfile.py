@@ -42,8 +42,9 @@ F64 = torch.float64
 
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
 # method. (What is not the method lives once in common/llm.py.)
-SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits", "Samples",
-          "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout", "score_responses"]
+SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits",
+          "Samples", "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout",
+          "score_responses"]
 
 
 @pytest.mark.parametrize("name", SHARED)
@@ -54,7 +55,8 @@ def test_shared_code_is_identical_in_all_files(name):
 
 def test_no_file_redefines_the_shared_plumbing():
     # loading, prompts, torchrun and logging are imported from common/llm.py, never copied back into a file
-    plumbing = {name for name, value in vars(llm).items() if callable(value) and getattr(value, "__module__", "") == llm.__name__}
+    plumbing = {name for name, value in vars(llm).items()
+                if callable(value) and getattr(value, "__module__", "") == llm.__name__}
     for file, module in MODULES.items():
         for name in plumbing:
             value = getattr(module, name, None)
@@ -164,7 +166,8 @@ def test_dapo_symmetric_clip_equal_lengths_equals_grpo(clip_eps, beta):
     old, logprobs, advantages, mask = batch(5, lengths=[6] * 12)
     ref = old + torch.randn(old.shape, generator=torch.Generator().manual_seed(6), dtype=F64)
     assert_clip_acts(logprobs, old, mask, clip_eps)
-    g_loss, g_grad = loss_and_grad(grpo, logprobs, old, advantages, mask, ref_logprobs=ref, beta=beta, clip_eps=clip_eps)
+    g_loss, g_grad = loss_and_grad(grpo, logprobs, old, advantages, mask, ref_logprobs=ref, beta=beta,
+                                   clip_eps=clip_eps)
     d_loss, d_grad = loss_and_grad(dapo, logprobs, old, advantages, mask, ref_logprobs=ref, beta=beta,
                                    clip_eps_low=clip_eps, clip_eps_high=clip_eps)
     close(d_loss, g_loss)
@@ -278,7 +281,8 @@ def test_grpo_advantages_times_group_std_equal_dr_grpo_advantages(kind):
     gr = grpo.compute_advantages(rewards, group_size).view(-1, group_size)
     close(gr * std, dr)
     close(dr / std, gr)
-    assert torch.equal(dr[0], torch.zeros(group_size, dtype=F64)) and torch.equal(gr[0], torch.zeros(group_size, dtype=F64))
+    assert (torch.equal(dr[0], torch.zeros(group_size, dtype=F64))
+            and torch.equal(gr[0], torch.zeros(group_size, dtype=F64)))
     assert not torch.allclose(dr, gr)  # the std really differs from 1 here
 
 
@@ -315,13 +319,15 @@ def test_sapo_gate_shape():
     for ratio, advantage in ((1.5, 1.0), (0.5, -1.0)):
         r = torch.tensor([ratio], dtype=F64)
         _, grpo_grad = loss_and_grad(grpo, torch.log(r).unsqueeze(1), torch.zeros(1, 1, dtype=F64),
-                                     torch.tensor([advantage], dtype=F64), torch.ones(1, 1, dtype=F64), beta=0.0, clip_eps=0.2)
+                                     torch.tensor([advantage], dtype=F64), torch.ones(1, 1, dtype=F64), beta=0.0,
+                                     clip_eps=0.2)
         assert grpo_grad.item() == 0.0  # the hard clip: exactly no gradient
         assert sapo_gate(r, advantage).item() > 0.5  # the soft gate: still most of it
 
     distances = torch.tensor([0.1, 0.3, 0.6, 0.9], dtype=F64)
     for side in (1.0 + distances, 1.0 - distances):
-        assert (sapo_gate(side, -1.0, tau_pos=1.0, tau_neg=1.05) < sapo_gate(side, 1.0, tau_pos=1.0, tau_neg=1.05)).all()
+        assert (sapo_gate(side, -1.0, tau_pos=1.0, tau_neg=1.05)
+                < sapo_gate(side, 1.0, tau_pos=1.0, tau_neg=1.05)).all()
 
 
 @pytest.mark.parametrize("tau_pos, tau_neg", [(1.0, 1.05), (0.5, 2.0), (3.0, 3.0)])
@@ -421,7 +427,8 @@ def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
     """dapo.py end to end on the embedded model: the dynamic-sampling tags are written every iteration,
     within their ranges (1 ≤ rounds ≤ --max-sampling-rounds, the share of groups with mixed answers in [0, 1])."""
     if not os.path.exists(os.path.join(TINY, "config.json")):
-        pytest.skip("common/models/tiny_model/ is not there yet (it is being trained): no embedded model to run dapo.py on")
+        pytest.skip("common/models/tiny_model/ is not there yet (it is being trained): "
+                    "no embedded model to run dapo.py on")
     result = subprocess.run(
         [sys.executable, os.path.join(ROOT, "dapo.py"), "--num-iterations", "2", "--prompts-per-iteration", "4",
          "--eval-size", "8"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
@@ -443,8 +450,8 @@ def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
 
 @pytest.mark.parametrize("max_new_tokens, buffer", [(8, 3), (20, 4), (5, 1)])
 def test_overlong_penalty_zero_linear_minus_one(max_new_tokens, buffer):
-    """DAPO's soft overlong punishment (DAPO paper §3.4): no penalty up to L_max − L_cache tokens, then linear, −1 at L_max:
-    length L_max − L_cache + k gets −k/L_cache."""
+    """DAPO's soft overlong punishment (DAPO paper §3.4): no penalty up to L_max − L_cache tokens, then linear,
+    −1 at L_max: length L_max − L_cache + k gets −k/L_cache."""
     start = max_new_tokens - buffer
     lengths = torch.arange(0, max_new_tokens + 1, dtype=torch.float32)
     expected = torch.tensor([0.0 if n <= start else -(n - start) / buffer for n in range(max_new_tokens + 1)])
@@ -470,8 +477,9 @@ def test_overlong_penalty_buffer_zero_is_off():
     ("gspo", dict(clip_eps_low=0.2, clip_eps_high=0.2), 8.0),
 ])
 def test_worked_ppo_clip_example(name, kwargs, expected_loss):
-    """The worked clip example of common/EQUATIONS.md#sec-ppo-clip-example: r = 0.5, Â = −10, ε = 0.2 → min(rÂ, clip(r, 0.8, 1.2)Â) = min(−5, −8) = −8, constant
-    in θ, so the gradient is 0. On one one-token response the loss is +8 (negated), ÷ T_max for Dr. GRPO."""
+    """The worked clip example of common/EQUATIONS.md#sec-ppo-clip-example: r = 0.5, Â = −10, ε = 0.2 →
+    min(rÂ, clip(r, 0.8, 1.2)Â) = min(−5, −8) = −8, constant in θ, so the gradient is 0. On one one-token response
+    the loss is +8 (negated), ÷ T_max for Dr. GRPO."""
     logprobs = torch.log(torch.tensor([[0.5, 1.0, 1.0]], dtype=F64))  # one real token, two padding
     mask = torch.tensor([[1.0, 0.0, 0.0]], dtype=F64)
     loss, grad = loss_and_grad(MODULES[name], logprobs, torch.zeros(1, 3, dtype=F64), torch.tensor([-10.0], dtype=F64),
@@ -517,7 +525,8 @@ def edge_case_batch(dtype):
     old = torch.zeros(8, 4, dtype=dtype)
     far = torch.tensor([50.0, -50.0, 100.0, -100.0], dtype=dtype)
     near = torch.tensor([0.0, 0.1, -0.1, 0.0], dtype=dtype)
-    logprobs = torch.stack([near] * 4 + [far, far, torch.full((4,), -100.0, dtype=dtype), torch.full((4,), 100.0, dtype=dtype)])
+    logprobs = torch.stack([near] * 4 + [far, far, torch.full((4,), -100.0, dtype=dtype),
+                                         torch.full((4,), 100.0, dtype=dtype)])
     ref = logprobs + far
     mask = torch.ones(8, 4, dtype=dtype)
     mask[1], mask[5, 2:] = 0.0, 0.0  # row 1: all padding; row 5: two real tokens; rows 6, 7: every token far off

@@ -32,7 +32,8 @@ def assert_same_parameters(actual, expected, initial):
 @pytest.mark.parametrize("beta, no_signal", [(0.04, ()), (0.0, (1, 2))], ids=["beta>0", "beta=0 zero-signal groups"])
 @pytest.mark.parametrize("micro_batch_size", [None, 1, 2, 8])
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches(module, micro_batch_size, beta, no_signal):
+def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches(module, micro_batch_size, beta,
+                                                                                 no_signal):
     """update_policy (log-probs at the temperature, micro-batch weights, DAPO's whole-step token count) gives
     θ − ∇loss of policy_loss evaluated once on the whole batch with independently computed log-probs; with β = 0
     also when the update skips the responses without signal (the normalisers stay the whole minibatch's)."""
@@ -80,14 +81,16 @@ def test_two_processes_with_unequal_signal_take_the_one_process_step(module, mic
     model = tiny_gpt2()
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     rollout = fixed_rollout(module, model, no_signal=(1, 2, 3))
-    assert (rollout.advantages[: 2 * GROUP_SIZE] != 0).sum() == GROUP_SIZE and (rollout.advantages[2 * GROUP_SIZE :] == 0).all()
+    assert ((rollout.advantages[: 2 * GROUP_SIZE] != 0).sum() == GROUP_SIZE
+            and (rollout.advantages[2 * GROUP_SIZE :] == 0).all())
     expected = direct_step(module, model, rollout, update_args(module, beta=0.0))
     assert_same_parameters(steps[module.__name__, micro_batch_size, "beta 0"], expected, initial)
 
 
 @pytest.mark.parametrize("micro_batch_size", [None, 2])
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_two_processes_skipping_groups_without_signal_take_the_one_process_adam_steps(module, micro_batch_size, torchrun):
+def test_two_processes_skipping_groups_without_signal_take_the_one_process_adam_steps(module, micro_batch_size,
+                                                                                      torchrun):
     """β = 0, Adam, 2 epochs × 2 minibatches, the processes holding unequal numbers of groups with signal (on some
     steps one process has none): skipping those groups gives the parameters of running them all, and both give
     the one-process update on the same minibatches (each process draws its own groups' order: here, the same one)."""

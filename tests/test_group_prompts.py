@@ -106,7 +106,8 @@ def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
 @pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
 def test_every_task_runs_on_a_base_and_a_chat_model(arch, task_name, folders, tmp_path, in_process):
     flags = ["--model", folders[arch], "--task", task_name, "--num-iterations", "2", "--prompts-per-iteration", "2",
-             "--group-size", "2", "--num-minibatches", "1", "--max-new-tokens", "12", "--eval-size", "4", "--few-shot", "1"]
+             "--group-size", "2", "--num-minibatches", "1", "--max-new-tokens", "12", "--eval-size", "4",
+             "--few-shot", "1"]
     out = in_process("grpo.py", flags)[1]
     assert "iteration    2/2" in out
     seen = out.split("the model reads (first held-out prompt): ")[1].splitlines()[0]
@@ -126,8 +127,10 @@ def test_embedded_model_keeps_its_bare_prompts(tmp_path, in_process):
 def test_bad_task_and_few_shot_give_one_clear_line(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1?", "answer": "2"}\nnot json\n')
-    for fields, start in [(dict(task="poetry"), "error: --task must be one of"), (dict(few_shot=-1), "error: --few-shot"),
-                          (dict(task=str(bad)), f"error: {bad}, line 2"), (dict(task="missing.jsonl"), "error: --task file not found"),
+    for fields, start in [(dict(task="poetry"), "error: --task must be one of"),
+                          (dict(few_shot=-1), "error: --few-shot"),
+                          (dict(task=str(bad)), f"error: {bad}, line 2"),
+                          (dict(task="missing.jsonl"), "error: --task file not found"),
                           (dict(task=EXAMPLE, eval_task=str(bad)), f"error: {bad}, line 2"),
                           (dict(eval_task=EXAMPLE), "error: --eval-task needs --task to be a .jsonl file")]:
         with pytest.raises(SystemExit) as e:

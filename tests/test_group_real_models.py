@@ -1,6 +1,6 @@
-"""The five group files on real architectures (random tiny GPT-2, Llama, Qwen2, Qwen3, OPT, NeoX built here, no download):
-dropout off, left padding, end-of-turn tokens, one iteration of every file in-process, LoRA, and the loading
-errors a user without network or with custom-code models meets."""
+"""The five group files on real architectures (random tiny GPT-2, Llama, Qwen2, Qwen3, OPT, NeoX built here,
+no download): dropout off, left padding, end-of-turn tokens, one iteration of every file in-process, LoRA, and the
+loading errors a user without network or with custom-code models meets."""
 
 import os
 import subprocess
@@ -85,7 +85,8 @@ def test_architecture_left_padding_dropout_and_eos(arch, folders):
         prompt = samples.prompt_ids[row // 16][samples.prompt_mask[row // 16].bool()].unsqueeze(0)
         n = int(mask[row].sum())
         alone = grpo.token_logprobs(grpo.response_logits(model, prompt, torch.ones_like(prompt), torch.tensor([0]),
-                                                         samples.responses[row : row + 1, :n], 1.0), samples.responses[row : row + 1, :n])
+                                                         samples.responses[row : row + 1, :n], 1.0),
+                                    samples.responses[row : row + 1, :n])
         torch.testing.assert_close(batch[row, :n], alone[0], atol=1e-5, rtol=1e-5)
 
     # The first EOS is inside the mask, and nothing after it (pad = eos in qwen2 and gpt2).
@@ -130,11 +131,13 @@ def test_sampling_reads_each_prompt_once_and_draws_what_generate_draws(folders):
     prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
     args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=0.7)
     widths = []
-    hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
     torch.manual_seed(3)
     samples = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8)
     hook.remove()
-    assert widths[0] == samples.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])  # prefill [B, P], then [N, 1]
+    # prefill [B, P], then [N, 1]
+    assert widths[0] == samples.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     torch.manual_seed(3)
     reference = model.generate(input_ids=enc["input_ids"].repeat_interleave(8, 0),
@@ -147,7 +150,8 @@ def test_sampling_reads_each_prompt_once_and_draws_what_generate_draws(folders):
     index = torch.arange(32) // 8
     logits = grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses, 0.7)
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
-    torch.testing.assert_close(samples.entropies[samples.mask.bool()], entropy[samples.mask.bool()], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(samples.entropies[samples.mask.bool()], entropy[samples.mask.bool()],
+                               atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
@@ -178,7 +182,8 @@ def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
     no_autocast = torch.autocast("cpu", enabled=False)
     old, ref = module.score_responses(model, ref_model, samples, one_pass(samples), args, no_autocast)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
-    return module.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages, old, ref)
+    return module.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages,
+                          old, ref)
 
 
 def update_once(model, rollout, args, optimizer):
@@ -195,7 +200,8 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
     rollout = rollout_for(grpo, model, ref_model, tokenizer, args)
     torch.testing.assert_close(rollout.ref_logprobs, rollout.old_logprobs)  # B = 0 at the start: the same model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate))
+    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
+                                                       lr=args.learning_rate))
     changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert changed and all("lora_" in n for n in changed)  # the base weights did not move
     assert any("lora_B" in n for n in changed)
@@ -221,17 +227,20 @@ def test_lora_adapter_saves_and_loads_with_peft(lora_gpt2, folders, tmp_path):
 
     tokenizer, model, args = lora_gpt2
     rollout = rollout_for(grpo, model, None, tokenizer, args)
-    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate))
+    update_once(model, rollout, args, torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
+                                                       lr=args.learning_rate))
     model.save_pretrained(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
-    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["gpt2"]), tmp_path / "adapter").eval()
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(folders["gpt2"]),
+                                       tmp_path / "adapter").eval()
     model.eval()
     index = torch.arange(8) // 4
     logits = [grpo.response_logits(m, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses, 1.0)
               for m in (model, loaded)]
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
     merged = loaded.merge_and_unload()  # the README's merge recipe: a plain model with the update folded in
-    torch.testing.assert_close(grpo.response_logits(merged, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses, 1.0),
+    torch.testing.assert_close(grpo.response_logits(merged, rollout.prompt_ids, rollout.prompt_mask, index,
+                                                    rollout.responses, 1.0),
                                logits[0], atol=1e-4, rtol=1e-4)
 
 
@@ -243,8 +252,8 @@ def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
         tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
         if checkpointing:
             model.activation_checkpointing_enable()
-        args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1, gradient_checkpointing=checkpointing,
-                         group_size=4, few_shot=0)
+        args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1,
+                         gradient_checkpointing=checkpointing, group_size=4, few_shot=0)
         torch.manual_seed(0)
         model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
         rollout = rollout_for(grpo, model, None, tokenizer, args)
@@ -259,7 +268,8 @@ def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
 def test_uncached_hub_id_with_hf_hub_offline(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache and HF_HUB_OFFLINE is set.*hf download gpt2"):
+    with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache "
+                                         r"and HF_HUB_OFFLINE is set.*hf download gpt2"):
         llm.resolve_model_path("gpt2")
 
 
@@ -315,7 +325,8 @@ def test_a_saved_adapter_names_the_hub_id_not_the_cache_folder(monkeypatch, tmp_
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
     tokenizer, model = llm.load_policy("org/tiny", llm.resolve_model_path("org/tiny"), CPU)
     llm.save_model(llm.add_lora(model, 2, 4.0), tokenizer, str(tmp_path / "adapter"))
-    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"] == "org/tiny"
+    assert (json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
+            == "org/tiny")
     card = (tmp_path / "adapter" / "README.md").read_text()
     assert "base_model: org/tiny" in card and "snapshots" not in card
     tokenizer_config = json.loads((tmp_path / "adapter" / "tokenizer_config.json").read_text())
@@ -328,7 +339,8 @@ def test_offline_cli_fails_in_one_line(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "gspo.py"), "--model", "gpt2", "--group-size", "8"],
                             cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode != 0 and result.stdout == ""
-    assert result.stderr.strip().count("\n") == 0 and result.stderr.startswith("error: --model 'gpt2' is not in the local")
+    assert (result.stderr.strip().count("\n") == 0
+            and result.stderr.startswith("error: --model 'gpt2' is not in the local"))
 
 
 def test_model_needing_remote_code_is_refused(tmp_path, folders):
@@ -349,10 +361,13 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
     [
         (dict(lora_rank=-1), 1, "--lora-rank"),
         (dict(lora_alpha=0.0), 1, "--lora-alpha"),
-        (dict(prompts_per_iteration=6), 4, "--prompts-per-iteration"),  # 4 processes cannot split 6 prompts into whole groups
-        (dict(prompts_per_iteration=4, group_size=2, num_minibatches=8), 2, "--num-minibatches"),  # 8 in all, 4 per process
+        # 4 processes cannot split 6 prompts into whole groups
+        (dict(prompts_per_iteration=6), 4, "--prompts-per-iteration"),
+        # 8 in all, 4 per process
+        (dict(prompts_per_iteration=4, group_size=2, num_minibatches=8), 2, "--num-minibatches"),
         (dict(prompts_per_iteration=6, num_minibatches=4), 1, "--num-minibatches"),  # 48 responses, but 6 whole groups
-        (dict(micro_batch_size=24), 2, "--micro-batch-size"),  # 32 prompts × 8 / 2 processes / 4 minibatches = 32 per minibatch
+        # 32 prompts × 8 / 2 processes / 4 minibatches = 32 per minibatch
+        (dict(micro_batch_size=24), 2, "--micro-batch-size"),
     ],
 )
 def test_bad_new_flags_give_one_clear_line(module, fields, world_size, flag):

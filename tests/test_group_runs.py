@@ -34,7 +34,8 @@ def scalars(run_dir) -> dict:
 
 def weights(run_dir) -> dict:
     folder = run_dir / "model"
-    file = folder / ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists() else "model.safetensors")
+    file = folder / ("adapter_model.safetensors" if (folder / "adapter_model.safetensors").exists()
+                     else "model.safetensors")
     return load_file(str(file))
 
 
@@ -222,7 +223,8 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
     assert len(evaluations) == 4  # at the start, at 2 and 4, and at the end (5)
     assert lines[0].startswith("iteration    0  held-out 0.500 (greedy 0.750)") and "runs/run" in lines[0]
     assert len(lines) == 6
-    assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  clipfrac 0.200  ")
+    assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  "
+                               "clipfrac 0.200  ")
     assert " s/it  " in lines[1] and " tok/s  ETA " in lines[1]
     assert "held-out" not in lines[1] and "held-out 0.500" in lines[2] and "held-out" not in lines[3]
     assert "held-out" in lines[5]

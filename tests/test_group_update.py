@@ -28,8 +28,8 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, rows_of, sgd_step, tiny_gpt2,
-                            update, update_args)
+from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, rows_of, sgd_step,
+                            tiny_gpt2, update, update_args)
 from common import llm, runs
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
@@ -68,7 +68,8 @@ def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, esti
     per_response, total_tokens = [], sum(lengths)
     for i, tokens in enumerate(real):
         a = advantages[i]
-        kl = [k_estimator(logprobs[i, t], ref[i, t], estimator) for t in tokens] if beta > 0 else [0.0 * a] * len(tokens)
+        kl = ([k_estimator(logprobs[i, t], ref[i, t], estimator) for t in tokens] if beta > 0
+              else [0.0 * a] * len(tokens))
         if name == "gspo":  # eq. (107), (109): one geometric-mean ratio per response, clipped per response
             s = torch.exp(sum(logprobs[i, t] - old[i, t] for t in tokens) / len(tokens))
             clipped = torch.clamp(s, 1 - hp["clip_eps_low"], 1 + hp["clip_eps_high"])
@@ -81,7 +82,8 @@ def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, esti
                 tau = hp["tau_pos"] if a > 0 else hp["tau_neg"]
                 term = 4 / tau * torch.sigmoid(tau * (r - 1)) * a
             else:  # eq. (96), (101)
-                low, high = (hp["clip_eps"], hp["clip_eps"]) if "clip_eps" in hp else (hp["clip_eps_low"], hp["clip_eps_high"])
+                low, high = ((hp["clip_eps"], hp["clip_eps"]) if "clip_eps" in hp
+                             else (hp["clip_eps_low"], hp["clip_eps_high"]))
                 term = torch.minimum(r * a, torch.clamp(r, 1 - low, 1 + high) * a)
             terms.append(term - beta * kl_t)
         if name == "dapo":  # eq. (102): every token of the batch weighs 1 / Σ T_i
@@ -131,10 +133,12 @@ def test_loss_is_the_papers_formula(name, beta, estimator):
             logprobs = torch.where(mask.bool(), logprobs + (log_s - current).unsqueeze(1), logprobs)
 
         def code(x):
-            return module.policy_loss(x, old, advantages, mask, ref_logprobs=ref, beta=beta, kl_estimator=estimator, **hp)
+            return module.policy_loss(x, old, advantages, mask, ref_logprobs=ref, beta=beta, kl_estimator=estimator,
+                                      **hp)
 
         def paper(x, **other):
-            return formula_loss(name, x, old, advantages, mask, ref=ref, beta=beta, estimator=estimator, **{**hp, **other})
+            return formula_loss(name, x, old, advantages, mask, ref=ref, beta=beta, estimator=estimator,
+                                **{**hp, **other})
 
         loss, grad = value_and_grad(code, logprobs)
         expected_loss, expected_grad = value_and_grad(paper, logprobs)
@@ -152,8 +156,8 @@ def test_kl_term_alone_sign_direction_and_aggregation(name):
     logprobs, old, _, mask, ref = random_batch(5)
     zero = torch.zeros(mask.shape[0], dtype=F64)
     module, hp = MODULES[name], HPARAMS[name]
-    loss, grad = value_and_grad(lambda x: module.policy_loss(x, x.detach(), zero, mask, ref_logprobs=ref, beta=0.5, **hp),
-                                logprobs)
+    loss, grad = value_and_grad(
+        lambda x: module.policy_loss(x, x.detach(), zero, mask, ref_logprobs=ref, beta=0.5, **hp), logprobs)
     k3 = (torch.exp(ref - logprobs) - (ref - logprobs) - 1) * mask
     lengths = mask.sum(1)
     aggregate = {"dapo": k3.sum() / lengths.sum(), "dr_grpo": (k3.sum(1) / hp.get("max_new_tokens", 1)).mean()}
@@ -312,7 +316,8 @@ def test_logged_loss_and_clip_fraction_do_not_depend_on_the_micro_batches(name):
     if name == "gspo":  # a response's tokens share its sequence ratio
         ratio = torch.exp(((logprobs - rollout.old_logprobs) * rollout.mask).sum(1) / rollout.mask.sum(1)).unsqueeze(1)
     hp = HPARAMS[name]
-    low, high = (hp.get("clip_eps", 0), hp.get("clip_eps", 0)) if "clip_eps" in hp else (hp.get("clip_eps_low"), hp.get("clip_eps_high"))
+    low, high = ((hp.get("clip_eps", 0), hp.get("clip_eps", 0)) if "clip_eps" in hp
+                 else (hp.get("clip_eps_low"), hp.get("clip_eps_high")))
     signal = rollout.mask * (rollout.advantages != 0).unsqueeze(1)
     if name == "sapo":
         tau = torch.where(rollout.advantages.unsqueeze(1) > 0, hp["tau_pos"], hp["tau_neg"])
@@ -372,7 +377,8 @@ def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micr
     signal = {tuple(rollout.responses[i, :-1].tolist()) for i in range(16) if rollout.advantages[i] != 0}
     assert len(signal) == 8  # the two groups with signal, 8 distinct rows
     seen = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist()), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist()),
+                                           with_kwargs=True)
     args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
     update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
     responses = [tuple(ids[1:]) for ids in seen if len(ids) == rollout.responses.shape[1]]  # [last prompt token, y...]
@@ -401,7 +407,8 @@ def assert_scores(module, model, ref_model, rollout, args, reference):
     old, ref = score(module, model, ref_model, rollout, args)
     with torch.no_grad():
         expected_old = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
-        expected_ref = direct_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
+        expected_ref = direct_logprobs(reference, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
+                                       rollout.mask)
     mask = rollout.mask.bool()
     torch.testing.assert_close(old[mask], expected_old[mask], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(ref[mask], expected_ref[mask], atol=1e-5, rtol=1e-5)
@@ -434,7 +441,8 @@ def test_scoring_without_a_reference_scores_only_what_the_update_runs(name):
     rollout = fixed_rollout(module, model, no_signal=(1,))
     args = update_args(module, micro_batch_size=8, beta=0.0)
     forwards = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(kwargs["input_ids"].shape), with_kwargs=True)
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
     old, ref = score(module, model, None, rollout, args)
     hook.remove()
     assert ref is None
@@ -460,7 +468,8 @@ def test_gradients_are_synchronised_once_per_optimiser_step(name, monkeypatch):
     monkeypatch.setattr(llm, "gradient_sync", gradient_sync)
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
-    for micro_batch_size, expected in ((None, [True, True]), (4, [False, True] * 2), (2, [False, False, False, True] * 2)):
+    for micro_batch_size, expected in ((None, [True, True]), (4, [False, True] * 2),
+                                       (2, [False, False, False, True] * 2)):
         flags.clear()
         sgd_step(module, model, rollout, update_args(module, micro_batch_size, num_minibatches=2))
         assert flags == expected, micro_batch_size
@@ -497,8 +506,9 @@ def test_response_logits_are_divided_by_the_temperature(share_prompt):
             logits = grpo.response_logits(model, rollout.prompt_ids, rollout.prompt_mask, index, rollout.responses,
                                           temperature, share_prompt)
             logprobs = grpo.token_logprobs(logits, rollout.responses)
+            # direct_logprobs divides by TEMPERATURE
             expected = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses,
-                                       rollout.mask) * TEMPERATURE / temperature  # direct_logprobs divides by TEMPERATURE
+                                       rollout.mask) * TEMPERATURE / temperature
             sequences = torch.cat([rollout.prompt_ids[index], rollout.responses], dim=1)
             attention = torch.cat([rollout.prompt_mask[index], rollout.mask.long()], dim=1)
             raw = model(input_ids=sequences, attention_mask=attention,
@@ -572,7 +582,8 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
     logged = []
     recording_llm = types.SimpleNamespace(**{**vars(llm), "rollout_stats": rollout_stats})
     recording_runs = types.SimpleNamespace(**{**vars(runs), "IterationLog": IterationLog})
-    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm, runs=recording_runs)
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm,
+                     runs=recording_runs)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)
@@ -646,7 +657,8 @@ def test_dapo_main_loop_filters_on_accuracy_and_masks_filler_and_cut_responses(o
     calls = []
     argv = ["--num-iterations", "1", "--prompts-per-iteration", str(prompts), "--group-size", str(group_size),
             "--max-new-tokens", str(max_new_tokens), "--overlong-buffer", str(buffer),
-            "--max-sampling-rounds", str(max_rounds), "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
+            "--max-sampling-rounds", str(max_rounds), "--num-minibatches", "1", "--eval-size", "2",
+            "--eval-every", "100"]
     if overlong_filtering:
         argv.append("--overlong-filtering")
     rounds, (rollout,) = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
@@ -708,8 +720,9 @@ def test_the_first_minibatch_ratio_is_exactly_one(name, beta, monkeypatch, tmp_p
         return real(logprobs, old_logprobs, advantages, mask, **kwargs)
 
     monkeypatch.setattr(module, "policy_loss", policy_loss)  # what update_policy calls
-    argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--num-minibatches", "2", "--micro-batch-size", "8",
-            "--update-epochs", "2", "--beta", str(beta), "--eval-size", "2", "--eval-every", "100"]
+    argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--num-minibatches", "2",
+            "--micro-batch-size", "8", "--update-epochs", "2", "--beta", str(beta), "--eval-size", "2",
+            "--eval-every", "100"]
     run_main(module, argv, monkeypatch, tmp_path)
     first_step = len(calls) // 4 if beta > 0 else None  # β > 0: every group runs, 2 passes per minibatch
     assert len(calls) >= 2
@@ -739,8 +752,8 @@ def test_dapo_rewards_a_right_answer_cut_at_the_cap_above_a_wrong_one(monkeypatc
         return answers
 
     argv = ["--num-iterations", "1", "--prompts-per-iteration", "2", "--group-size", "4", "--max-new-tokens",
-            str(max_new_tokens), "--overlong-buffer", str(buffer), "--max-sampling-rounds", "1", "--num-minibatches", "1",
-            "--eval-size", "2", "--eval-every", "100"]
+            str(max_new_tokens), "--overlong-buffer", str(buffer), "--max-sampling-rounds", "1",
+            "--num-minibatches", "1", "--eval-size", "2", "--eval-every", "100"]
     rounds, (rollout,) = run_main(dapo, argv, monkeypatch, tmp_path, responses_for)
     lengths = rounds[0]["mask"].sum(1).tolist()
     assert lengths[0] == lengths[4] == 8 and max(lengths[1:4] + lengths[5:]) <= max_new_tokens - buffer  # no penalty

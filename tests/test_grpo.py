@@ -45,7 +45,8 @@ def test_equal_rewards_give_exactly_zero_advantages(value):
 
 def test_loss_matches_hand_computation():
     # Response 1 (Â = +1): ratios 1.5 and 0.9 → min(1.5, 1.2) = 1.2 and min(0.9, 0.9) = 0.9 → mean 1.05.
-    # Response 2 (Â = −1): ratios 0.5 and 1.1, then padding → min(−0.5, −0.8) = −0.8, min(−1.1, −1.1) = −1.1 → mean −0.95.
+    # Response 2 (Â = −1): ratios 0.5 and 1.1, then padding
+    # → min(−0.5, −0.8) = −0.8, min(−1.1, −1.1) = −1.1 → mean −0.95.
     # Loss = −(1.05 − 0.95) / 2 = −0.05.
     old = torch.zeros(2, 3)
     logprobs = torch.log(torch.tensor([[1.5, 0.9, 1.0], [0.5, 1.1, 7.0]]))
@@ -55,7 +56,8 @@ def test_loss_matches_hand_computation():
 
 
 def test_seed_clip_example_min_minus5_minus8():
-    # The worked clip example (common/EQUATIONS.md#sec-ppo-clip-example): r = 0.5, Â = −10, ε = 0.2 → min(−5, −8) = −8, and the gradient is zero.
+    # The worked clip example (common/EQUATIONS.md#sec-ppo-clip-example):
+    # r = 0.5, Â = −10, ε = 0.2 → min(−5, −8) = −8, and the gradient is zero.
     logprobs = torch.log(torch.tensor([[0.5]])).requires_grad_()
     loss = grpo.policy_loss(logprobs, torch.zeros(1, 1), torch.tensor([-10.0]), torch.ones(1, 1), beta=0.0)
     torch.testing.assert_close(loss, torch.tensor(8.0))
@@ -164,12 +166,14 @@ def test_batched_greedy_generation_equals_alone(tiny):
 
 
 def test_base_model_has_headroom(tiny):
-    # The embedded model samples the right answer only part of the time (common/models/make_tiny_model.py): RL has room to improve.
+    # The embedded model samples the right answer only part of the time (common/models/make_tiny_model.py):
+    # RL has room to improve.
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
     sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"),
-                                    grpo.Args(max_new_tokens=8, few_shot=0), "cpu", torch.autocast("cpu", enabled=False))
+                                    grpo.Args(max_new_tokens=8, few_shot=0), "cpu",
+                                    torch.autocast("cpu", enabled=False))
     assert sampled.shape == greedy.shape == (200, 1)
     assert 0.25 <= sampled.mean() <= 0.6 and greedy.mean() > sampled.mean()
 
@@ -239,10 +243,12 @@ def scalars(run_dir, tag):
 
 
 def test_cli_smoke_run_writes_tensorboard_and_saves(tmp_path):
-    run("grpo.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-every", "1", "--eval-size", "16", "--save-model", cwd=tmp_path)
+    run("grpo.py", "--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-every", "1", "--eval-size", "16",
+        "--save-model", cwd=tmp_path)
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.startswith("addition__grpo__tiny_model__1__")  # {task}__{method}__{model}__{seed}__{time}
-    for tag in ("charts/reward", "charts/accuracy", "losses/policy_loss", "losses/kl_ref", "losses/clipfrac", "charts/tokens_per_second"):
+    for tag in ("charts/reward", "charts/accuracy", "losses/policy_loss", "losses/kl_ref", "losses/clipfrac",
+                "charts/tokens_per_second"):
         assert len(scalars(str(run_dir), tag)) >= 2, tag
     assert (run_dir / "model" / "model.safetensors").exists() and (run_dir / "model" / "tokenizer.json").exists()
 
@@ -254,7 +260,8 @@ def test_real_model_code_path_with_another_tokenizer(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], vocab_size=300, special_tokens=["<|endoftext|>"])
+    bpe.train_from_iterator([f"{a}+{b}={a + b}" for a in range(50) for b in range(50)], vocab_size=300,
+                            special_tokens=["<|endoftext|>"])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")  # no pad token, like gpt2
     tokenizer.chat_template = "{% for m in messages %}User: {{ m['content'] }}\n{% endfor %}Assistant:"
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2,
@@ -262,8 +269,9 @@ def test_real_model_code_path_with_another_tokenizer(tmp_path):
     folder = tmp_path / "random-gpt2"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    out = run("grpo.py", "--model", str(folder), "--num-iterations", "1", "--prompts-per-iteration", "4", "--group-size", "2",
-              "--num-minibatches", "2", "--micro-batch-size", "2", "--eval-size", "8", "--max-new-tokens", "8", cwd=tmp_path)
+    out = run("grpo.py", "--model", str(folder), "--num-iterations", "1", "--prompts-per-iteration", "4",
+              "--group-size", "2", "--num-minibatches", "2", "--micro-batch-size", "2", "--eval-size", "8",
+              "--max-new-tokens", "8", cwd=tmp_path)
     assert "iteration    1/1" in out
 
 

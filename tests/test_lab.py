@@ -33,8 +33,9 @@ def long_model_samples():
     torch.manual_seed(0)
     for name, sample in (("sampled", True), ("greedy", False)):
         with torch.no_grad():
-            ids = model.generate(**enc, do_sample=sample, top_k=0 if sample else None, temperature=1.0 if sample else None,
-                                 max_new_tokens=64, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+            ids = model.generate(**enc, do_sample=sample, top_k=0 if sample else None,
+                                 temperature=1.0 if sample else None, max_new_tokens=64,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
         out[name] = tokenizer.batch_decode(ids[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     return pairs, out
 
@@ -43,7 +44,8 @@ def test_long_model_is_small_and_loads_like_any_model():
     size = sum(os.path.getsize(os.path.join(LONG_MODEL, f)) for f in os.listdir(LONG_MODEL))
     assert size < 5 * 2**20
     config = AutoModelForCausalLM.from_pretrained(LONG_MODEL).config
-    assert config.model_type == "gpt2" and config.n_positions >= 15 + 64  # the longest prompt + the lab's --max-new-tokens
+    # 15 + 64: the longest prompt + the lab's --max-new-tokens
+    assert config.model_type == "gpt2" and config.n_positions >= 15 + 64
 
 
 def test_long_model_answers_then_hesitates(long_model_samples):
@@ -170,24 +172,28 @@ def test_the_lab_writes_to_runs_and_checks_matplotlib_before_any_run(tmp_path, m
         lab.main(["dynamic-sampling"])
     assert "the figures need matplotlib" in capsys.readouterr().err and ran == []
     monkeypatch.undo()
-    help_text = subprocess.run([sys.executable, "-m", "common.lab", "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    help_text = subprocess.run([sys.executable, "-m", "common.lab", "--help"], cwd=ROOT, capture_output=True,
+                               text=True).stdout
     assert "(default: runs/lab)" in " ".join(help_text.split()) and "--update-results" in help_text
 
 
 def test_an_experiment_runs_end_to_end(tmp_path):
     # Two iterations per run, one seed: the whole path (subprocesses, logs, report, figure) in ~30 s.
-    proc = subprocess.run([sys.executable, "-m", "common.lab", "dynamic-sampling", "--seeds", "1", "--num-iterations", "2",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "common.lab", "dynamic-sampling", "--seeds", "1",
+                           "--num-iterations", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = (tmp_path / "dynamic-sampling.md").read_text()
-    assert "python grpo.py --seed N" in report and "python dapo.py --seed N" in report and "--num-iterations 2" in report
+    assert ("python grpo.py --seed N" in report and "python dapo.py --seed N" in report
+            and "--num-iterations 2" in report)
     assert re.search(r"\| dapo \| responses generated in the run \| [\d,]+ \[", report)
     assert (tmp_path / "dynamic-sampling.png").read_bytes()[:4] == b"\x89PNG"
     # The group files' new tags are consistent: the mean length is the reward-weighted mean of the right and the
     # wrong responses' lengths (grpo's reward is the accuracy), and shares are shares.
     (grpo,) = json.loads((tmp_path / "dynamic-sampling.json").read_text())["results"]["grpo"]
     for step, reward in grpo["charts/reward"]:
-        right, wrong, length = (lab.at(grpo, f"charts/{kind}response_length", step) for kind in ("right_", "wrong_", ""))
+        right, wrong, length = (lab.at(grpo, f"charts/{kind}response_length", step)
+                                for kind in ("right_", "wrong_", ""))
         assert reward * right + (1 - reward) * wrong == pytest.approx(length, rel=1e-4)
         assert 0 <= lab.at(grpo, "charts/zero_signal_fraction", step) <= 1
     # --replot redraws from the saved curves without running anything
@@ -207,9 +213,11 @@ def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
         calls[script] = [ast.unparse(node) for node in ast.walk(ast.parse(source))
                          if isinstance(node, ast.Call) and ast.unparse(node.func) == "llm.rollout_stats"]
     assert calls["grpo.py"] == [
-        "llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
+        "llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, "
+        "args.group_size)"]
     assert calls["dapo.py"] == [
-        "llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, args.group_size)"]
+        "llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, "
+        "args.group_size)"]
     assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]
 
 
@@ -219,9 +227,10 @@ def test_sharpen_or_teach_pass_curves_by_hand_and_end_to_end(tmp_path):
     # two questions, n = 4: right 1 and 0 times. pass@1 = (1/4 + 0) / 2; pass@2 = (1 − C(3,2)/C(4,2) + 0) / 2 = 0.25;
     # pass@4 = (1 + 0) / 2
     assert passk.pass_curves([[1, 0, 0, 0], [0, 0, 0, 0]]) == pytest.approx([0.125, 0.25, 0.375, 0.5])
-    proc = subprocess.run([sys.executable, "-m", "common.lab", "sharpen-or-teach", "--models", "common/models/tiny_model",
-                           "common/models/tiny_model", "--labels", "base", "again", "--task", "addition", "--few-shot",
-                           "0", "--max-new-tokens", "8", "--samples", "4", "--prompts", "4", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "common.lab", "sharpen-or-teach",
+                           "--models", "common/models/tiny_model", "common/models/tiny_model",
+                           "--labels", "base", "again", "--task", "addition", "--few-shot", "0",
+                           "--max-new-tokens", "8", "--samples", "4", "--prompts", "4", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     saved = json.loads((tmp_path / "sharpen-or-teach.json").read_text())

@@ -8,7 +8,6 @@ import pytest
 import torch
 import tyro
 
-import dapo
 import grpo
 from common import llm
 from conftest import ROOT
@@ -58,7 +57,8 @@ def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_mod
     assert llm.few_shot_line(Tokenizer(), task, None) == [
         f"--few-shot {task.default_few_shot}  (a base model: the task's solved examples show the format)"]
     Tokenizer.chat_template = "{{ messages }}"
-    assert llm.few_shot_line(Tokenizer(), task, None) == ["--few-shot 0  (a chat model: its user turn states the format)"]
+    assert llm.few_shot_line(Tokenizer(), task, None) == [
+        "--few-shot 0  (a chat model: its user turn states the format)"]
     assert llm.few_shot_line(Tokenizer(), task, 3) == []  # typed: nothing to state
 
 
@@ -124,7 +124,8 @@ def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
 @pytest.mark.parametrize("argv, message", [
     (["--learning-rate", "abc"], "error: --learning-rate must be a number, got 'abc'"),
     (["--seed", "1.5"], "error: --seed must be an integer, got '1.5'"),
-    (["--kl-estimator", "k4"], "error: invalid choice 'k4' for argument '--kl-estimator'. Expected one of ('k1', 'k2', 'k3')"),
+    (["--kl-estimator", "k4"],
+     "error: invalid choice 'k4' for argument '--kl-estimator'. Expected one of ('k1', 'k2', 'k3')"),
     (["--group-size"], "error: Missing value for argument '--group-size'. Expected 1 values"),
     (["--groupsize", "4"], "error: Unrecognized options: --groupsize, 4"),
 ])

@@ -15,22 +15,25 @@ def test_ci_runs_the_readme_test_command():
 
 
 ALGORITHM_PAPERS = {"vpg.py": "Williams 1992", "a2c.py": "1602.01783", "trpo.py": "1502.05477", "ppo.py": "1707.06347",
-                    "grpo.py": "2402.03300", "dr_grpo.py": "2503.20783", "dapo.py": "2503.14476", "gspo.py": "2507.18071",
-                    "sapo.py": "2511.20347"}
+                    "grpo.py": "2402.03300", "dr_grpo.py": "2503.20783", "dapo.py": "2503.14476",
+                    "gspo.py": "2507.18071", "sapo.py": "2511.20347"}
 
 
 def test_every_algorithm_file_names_its_paper_in_its_docstring():
     for name, paper in ALGORITHM_PAPERS.items():
         docstring = ast.get_docstring(ast.parse(open(os.path.join(ROOT, name)).read()))
-        assert paper in docstring.split("\n\n")[0] + docstring.split("\n\n")[1], f"{name} should name {paper} at the top"
+        assert paper in docstring.split("\n\n")[0] + docstring.split("\n\n")[1], (
+            f"{name} should name {paper} at the top")
 
 
 def test_nothing_cites_documents_the_repo_does_not_ship():
     # Built at run time, so that this file does not match itself.
     pattern = re.compile("|".join(["seeds" + "/", r"\b[Ss]eed 0\d\d", "DE" + "SIGN", "seed" + "'s", r"\bseed" + " eq"]))
     files = [os.path.join(dirpath, f) for dirpath, _, names in os.walk(ROOT) for f in names
-             if f.endswith((".py", ".md")) and not any(part in dirpath for part in (".git", "runs", "__pycache__", ".venv"))]
-    hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f, encoding="utf-8"), 1) if pattern.search(line)]
+             if f.endswith((".py", ".md"))
+             and not any(part in dirpath for part in (".git", "runs", "__pycache__", ".venv"))]
+    hits = [f"{os.path.relpath(f, ROOT)}:{i}" for f in files for i, line in enumerate(open(f, encoding="utf-8"), 1)
+            if pattern.search(line)]
     assert not hits, f"cite the paper or common/EQUATIONS.md instead: {hits}"
 
 
@@ -49,9 +52,11 @@ def test_imports_run_one_way_algorithm_files_to_runtime_modules_and_tools_to_alg
     algorithms = set(GROUP + CLASSIC)
     runtime = {"common.tasks", "common.llm", "common.runs"}
     for name in algorithms:  # an algorithm file imports the runtime modules of common/ and nothing else of the repo
-        repo_imports = {m for m in imported_modules(os.path.join(ROOT, f"{name}.py")) if m.split(".")[0] in algorithms | {"common"}}
+        repo_imports = {m for m in imported_modules(os.path.join(ROOT, f"{name}.py"))
+                        if m.split(".")[0] in algorithms | {"common"}}
         outside = {m for m in repo_imports if not any(m == r or m.startswith(r + ".") for r in runtime)}
-        assert not outside, f"{name}.py imports {outside}: an algorithm file imports only common.tasks, common.llm and common.runs"
+        assert not outside, (f"{name}.py imports {outside}: "
+                             "an algorithm file imports only common.tasks, common.llm and common.runs")
     for dirpath, _, files in os.walk(os.path.join(ROOT, "common")):
         for f in files:
             if not f.endswith(".py"):

@@ -10,8 +10,8 @@ from conftest import ROOT
 
 
 def scale(*flags):
-    return subprocess.run([sys.executable, "-m", "common.tools.scale", *flags], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return subprocess.run([sys.executable, "-m", "common.tools.scale", *flags], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize("flags, message", [

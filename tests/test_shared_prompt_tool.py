@@ -19,9 +19,11 @@ def test_bad_arguments_give_one_line(argv, message):
 def test_shared_and_plain_passes_agree_on_the_embedded_model(capsys):
     S.main(["--model", "common/models/long_model", "--task", "reverse", "--few-shot", "0", "1", "--prompts", "2",
             "--group-size", "4", "--max-new-tokens", "6", "--repeats", "1"])
-    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "---" not in line]
     rows = [row for row in rows if row[0] != "| few-shot"]
-    assert [(row[0], row[3]) for row in rows] == [("| 0", "scoring"), ("| 0", "update"), ("| 1", "scoring"), ("| 1", "update")]
+    assert [(row[0], row[3]) for row in rows] == [("| 0", "scoring"), ("| 0", "update"),
+                                                  ("| 1", "scoring"), ("| 1", "update")]
     assert int(rows[2][1]) > int(rows[0][1])  # examples make the prompt longer
     for row in rows:
         assert float(row[7]) < 1e-4 and float(row[8].rstrip(" |")) < 1e-4  # the same log-probs and gradient

@@ -125,7 +125,8 @@ def render(root, out, left="grpo.py", right="dapo.py"):
 
 def test_citations_are_found_and_normalised():
     assert sidebyside.citations("# eq. (96): token-level clipped surrogate") == ["eq. 96"]
-    assert sidebyside.citations("x  # eq. 90-91 and Eq. (117)-(119), eq. 80/81") == ["eq. 90-91", "eq. 117-119", "eq. 80/81"]
+    assert (sidebyside.citations("x  # eq. 90-91 and Eq. (117)-(119), eq. 80/81")
+            == ["eq. 90-91", "eq. 117-119", "eq. 80/81"])
     assert sidebyside.citations("freq. 5, seq. 3, no equation here") == []
     assert sidebyside.citations("the form of eq. (120), 2(τ(r−1)/2), and eq. 97, 0.5") == ["eq. 120", "eq. 97"]
 
@@ -144,7 +145,8 @@ def test_every_changed_line_is_present_and_marked(root, tmp_path):
     # A line with no partner on the other side is a pure removal/addition next to an empty cell.
     removed = [r for r in rows if r[1] is None]
     added = [r for r in rows if r[0] is None]
-    assert {r[0][1] for r in removed} == {"def old_helper():", "    return 1"} and all("del" in r[0][2] for r in removed)
+    assert ({r[0][1] for r in removed} == {"def old_helper():", "    return 1"}
+            and all("del" in r[0][2] for r in removed))
     assert [r[1][1] for r in added] == ["    # eq. 102: token mean over the whole batch"] and "add" in added[0][1][2]
     # Inside a changed block each line faces its new version, not merely the next line down.
     pairs = {r[0][1]: r[1][1] for r in rows if r[0] and r[1] and "chg" in r[0][2]}
@@ -215,10 +217,11 @@ LOOP = ["", "", "def update(args, ratio, loss, stats):",
         "            stats.append(clipped.mean())",
         "            stats.append(ratio.{}())",
         "    return stats"]
-SCOPE_L = ARGS_L + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [("clipped", "96-97"), (), (), ("97",),
-          (), (), ("((ratio - 1).abs() > args.clip_eps)",), (), ("mean",), ()])]
-SCOPE_R = ARGS_R + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [("decoupled-clip", "101-102"), (), (),
-          ("102",), (), (), ("((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high))",), (), ("max",), ()])]
+SCOPE_L = ARGS_L + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [
+    ("clipped", "96-97"), (), (), ("97",), (), (), ("((ratio - 1).abs() > args.clip_eps)",), (), ("mean",), ()])]
+SCOPE_R = ARGS_R + [x.format(*a) if "{}" in x else x for x, a in zip(LOOP, [()] * 3 + [
+    ("decoupled-clip", "101-102"), (), (), ("102",), (), (),
+    ("((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high))",), (), ("max",), ()])]
 
 
 def test_labels_come_from_the_comment_that_speaks_for_the_changed_code():
@@ -239,8 +242,8 @@ def test_comment_scopes():
     """A comment inside a paragraph speaks for the one statement below it (continuation lines included);
     one that opens a paragraph or a block speaks for all of it, until a blank line or a dedent."""
     lines = ["x = 1", "# for y only (eq. 80)", "y = f(", "    2,", ")", "z = 3", "",
-             "# heading (eq. 85)", "if z:", "    w = 4", "    # for v only (eq. 96)", "    v = 5", "    s = 8", "u = 6", "",
-             "def g():", "    # opens the block (eq. 97)", "    a = 1", "    b = 2", "c = 3"]
+             "# heading (eq. 85)", "if z:", "    w = 4", "    # for v only (eq. 96)", "    v = 5", "    s = 8",
+             "u = 6", "", "def g():", "    # opens the block (eq. 97)", "    a = 1", "    b = 2", "c = 3"]
     over, heading = zip(*sidebyside.comment_scopes(lines))
     e1, e2, e3, e4 = ["eq. 80"], ["eq. 85"], ["eq. 96"], ["eq. 97"]
     assert list(over) == [[], e1, e1, e1, e1, [], [], [], [], [], e3, e3, [], [], [], [], [], [], [], []]
@@ -249,8 +252,11 @@ def test_comment_scopes():
 
 def test_markdown_subset():
     md = "\n".join([
-        "# Title", "Intro with `a<b`, **bold**, *it* and [a link](#eq-97).", "", '<a id="eq-97"></a>', "### (97) Thing", "",
-        "```text", "x < y  &  z", "```", "", "| a | b |", "|---|---|", "| `c` | d |", "", "- one", "  two", "- three", "",
+        "# Title", "Intro with `a<b`, **bold**, *it* and [a link](#eq-97).", "",
+        '<a id="eq-97"></a>', "### (97) Thing", "",
+        "```text", "x < y  &  z", "```", "",
+        "| a | b |", "|---|---|", "| `c` | d |", "",
+        "- one", "  two", "- three", "",
         "1. first", "2. second", "---"])
     html = sidebyside.markdown_html(md)
     for part in ("<h1>Title</h1>", "<code>a&lt;b</code>", "<b>bold</b>", "<i>it</i>", '<a href="#eq-97">a link</a>',
@@ -327,7 +333,8 @@ def test_command_line_from_another_folder(root, tmp_path):
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo)
     cmd = [sys.executable, "-m", "common.tools.sidebyside", "--root", str(root)]
-    ok = subprocess.run(cmd + ["grpo.py", "dapo.py", "-o", "p.html"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    ok = subprocess.run(cmd + ["grpo.py", "dapo.py", "-o", "p.html"], cwd=tmp_path, env=env, capture_output=True,
+                        text=True)
     assert ok.returncode == 0 and (tmp_path / "p.html").exists(), ok.stderr
     bad = subprocess.run(cmd + ["grpo.py", "missing.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode != 0 and bad.stderr.count("\n") == 1 and "missing.py" in bad.stderr

@@ -155,7 +155,8 @@ def test_arithmetic_reward(response, target, expected):
 
 
 def test_reverse_prompts():
-    # "reverse 48213=" -> "31284": 3 to 6 digits, every count and leading zeros occur, the target is the string backwards.
+    # "reverse 48213=" -> "31284": the target is the string backwards.
+    # 3 to 6 digits; every count and leading zeros occur.
     pairs = TASKS["reverse"].prompts(2000, random.Random(0))
     counts = {n: 0 for n in range(3, 7)}
     for prompt, target in pairs:
@@ -584,12 +585,15 @@ def test_jsonl_with_a_test_file_trains_on_one_and_evaluates_on_the_other(tmp_pat
     test.write_text("".join(json.dumps({"question": f"{i} * 2?", "answer": 2 * i}) + "\n" for i in range(7)))
     task = get_task(str(train), str(test))
     assert sorted(q for q, _, _ in task.splits["train"]) == sorted(f"{i} + 1?" for i in range(5))  # no hash split
-    assert sorted(task.prompts(1319, random.Random(0), split="test")) == sorted((f"{i} * 2?", str(2 * i)) for i in range(7))
+    assert (sorted(task.prompts(1319, random.Random(0), split="test"))
+            == sorted((f"{i} * 2?", str(2 * i)) for i in range(7)))
     assert {q for q, _ in task.examples(3, random.Random(0))} <= {f"{i} + 1?" for i in range(5)}  # shots from training
     with pytest.raises(ValueError, match="needs --task to be a .jsonl file"):
         get_task("countdown", str(test))
-    with pytest.raises(ValueError, match="--eval-task must be the path of a .jsonl file"):
+    with pytest.raises(ValueError, match="--eval-task file not found: .*missing.jsonl"):
         get_task(str(train), str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="--eval-task must be the path of a .jsonl file, got 'test.csv'"):
+        get_task(str(train), "test.csv")
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty.jsonl: no questions"):
         get_task(str(train), str(tmp_path / "empty.jsonl"))
@@ -738,14 +742,15 @@ def test_get_task_names_and_errors(tmp_path):
     with pytest.raises(ValueError) as error:
         get_task("countdwn")
     assert str(error.value) == (
-        "--task must be one of addition, addition2, subtraction, multiplication, countdown, reverse, the path of a .jsonl "
-        "file or of a .py file of your own, got 'countdwn'"
+        "--task must be one of addition, addition2, subtraction, multiplication, countdown, reverse, "
+        "the path of a .jsonl file or of a .py file of your own, got 'countdwn'"
     )
     with pytest.raises(ValueError, match=r"^--task file not found: .*missing\.jsonl$"):
         get_task(str(tmp_path / "missing.jsonl"))
 
 
-@pytest.mark.parametrize("name, op", [("addition", "+"), ("addition2", "+"), ("subtraction", "-"), ("multiplication", "*")])
+@pytest.mark.parametrize("name, op", [("addition", "+"), ("addition2", "+"), ("subtraction", "-"),
+                                      ("multiplication", "*")])
 def test_arithmetic_demonstrations_write_the_operation_out_and_score_1(name, op):
     # "37 + 48 = 85": a small chat model imitates it; the reward reads the number after "="
     task = get_task(name)
@@ -784,8 +789,8 @@ def test_text_answers_are_graded_by_normalised_exact_match(response, target, exp
 
 
 def test_a_file_of_text_answers_is_read_and_says_so(tmp_path):
-    path = write_jsonl(tmp_path / "capitals.jsonl", [json.dumps({"question": f"Capital number {i}?", "answer": f"City {i}"})
-                                                     for i in range(40)])
+    path = write_jsonl(tmp_path / "capitals.jsonl",
+                       [json.dumps({"question": f"Capital number {i}?", "answer": f"City {i}"}) for i in range(40)])
     task = get_task(str(path))
     assert task.instruction == "Give the final answer after '####'."  # not "as a number"
     (prompt, target), = task.prompts(1, random.Random(0))
@@ -815,7 +820,8 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
     assert task.name == "my_task" and task.instruction == "Answer with the word alone." and task.default_few_shot == 0
     prompt, target = task.prompts(1, random.Random(1))[0]
     assert prompt == f"Say {target}." and task.reward(target, target) == 1.0 and task.reward("other", target) == 0.0
-    assert task.reward("raise", target) == 0.0 and task.reward("raise", target) == 0.0 and task.reward("nan", target) == 0.0
+    assert (task.reward("raise", target) == 0.0 and task.reward("raise", target) == 0.0
+            and task.reward("nan", target) == 0.0)
     err = capsys.readouterr().err
     assert err.count("reward raised RuntimeError: a bug of mine; such responses score 0") == 1
     assert task.examples(2, random.Random(0))[0][0].startswith("Say ")
@@ -824,7 +830,8 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
 @pytest.mark.parametrize("source, message", [
     ("def prompts(n, rng, split): return []\n", "needs a function reward(...)"),
     ("import no_such_module\n", "importing it failed (ModuleNotFoundError"),
-    ("def prompts(n, rng, split): return [1, 2]\ndef reward(r, t): return 0.0\n", "must return n (prompt, target) pairs"),
+    ("def prompts(n, rng, split): return [1, 2]\ndef reward(r, t): return 0.0\n",
+     "must return n (prompt, target) pairs"),
 ])
 def test_a_broken_task_file_is_one_line(tmp_path, source, message):
     path = tmp_path / "broken.py"

@@ -44,11 +44,13 @@ if __name__ == "__main__":
             steps[name, micro_batch_size, "beta 0"] = sgd_step(
                 module, ddp_model, rollout, update_args(module, micro_batch_size, beta=0.0)
             )
-            # Adam, 2 epochs × 2 minibatches, 8 groups (4 per process) of which 5 have no signal: with and without the skip
+            # Adam, 2 epochs × 2 minibatches, 8 groups (4 per process) of which 5 have no signal:
+            # with and without the skip
             args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
             for skip in (True, False):
                 model = tiny_gpt2()
-                rollout = shard(module, fixed_rollout(module, model, num_groups=8, no_signal=(1, 2, 4, 5, 7)), rank, world_size)
+                rollout = shard(module, fixed_rollout(module, model, num_groups=8, no_signal=(1, 2, 4, 5, 7)), rank,
+                                world_size)
                 ddp_model = torch.nn.parallel.DistributedDataParallel(model)
                 steps[name, micro_batch_size, "adam", skip] = adam_update(module, ddp_model, rollout, args, skip)[0]
     if rank == 0:

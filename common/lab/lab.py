@@ -196,7 +196,8 @@ def summary(values):
     values = [v for v in values if v == v]
     if not values:
         return "n/a"
-    fmt = lambda v: f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    def fmt(v):
+        return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
     return f"{fmt(statistics.median(values))} [{fmt(min(values))}, {fmt(max(values))}]"
 
 
@@ -232,8 +233,10 @@ def key_numbers(name, results):
         if name == "length-bias":
             for kind, keep, tag in (("wrong", has_wrong, "charts/wrong_response_length"),
                                     ("right", has_right, "charts/right_response_length")):
-                add(f"{kind}-response length, first 5 iterations", [window_mean(r, tag, first=5, keep=keep) for r in runs])
-                add(f"{kind}-response length, last 10 iterations", [window_mean(r, tag, last=10, keep=keep) for r in runs])
+                add(f"{kind}-response length, first 5 iterations",
+                    [window_mean(r, tag, first=5, keep=keep) for r in runs])
+                add(f"{kind}-response length, last 10 iterations",
+                    [window_mean(r, tag, last=10, keep=keep) for r in runs])
         if name == "clip-higher":
             add("entropy (nats/token), first 5 iterations", [window_mean(r, "losses/entropy", first=5) for r in runs])
             add("entropy (nats/token), last 10 iterations", [window_mean(r, "losses/entropy", last=10) for r in runs])
@@ -251,7 +254,8 @@ def key_numbers(name, results):
             what = "mean gate (1 = on-policy)" if label == "sapo" else "clip fraction"
             add(f"{what}, mean over the run", [window_mean(r, tag, last=10**6) for r in runs])
             add("largest drop of held-out accuracy from its best so far",
-                [max(max(acc[: i + 1]) - a for i, a in enumerate(acc)) for acc in (series(r, "charts/accuracy")[1] for r in runs)])
+                [max(max(acc[: i + 1]) - a for i, a in enumerate(acc))
+                 for acc in (series(r, "charts/accuracy")[1] for r in runs)])
             add("grad norm, mean over the run", [window_mean(r, "losses/grad_norm", last=10**6) for r in runs])
     return rows
 
@@ -281,11 +285,13 @@ def panels(name, results):
                 ("clipped tokens", "clip fraction", "iteration", per_arm("losses/clipfrac")), accuracy]
     if name == "dynamic-sampling":
         def generated(runs, step):  # responses generated up to this iteration (median over seeds)
-            return statistics.median(sum(samples_per_iteration(r, s) for s in series(r, "charts/reward")[0] if s <= step)
+            return statistics.median(sum(samples_per_iteration(r, s)
+                                         for s in series(r, "charts/reward")[0] if s <= step)
                                      for r in runs)
         sampled = {}
         for label, runs in results.items():
-            tag = "charts/mixed_group_fraction" if "charts/mixed_group_fraction" in runs[0] else "charts/zero_signal_fraction"
+            tag = ("charts/mixed_group_fraction" if "charts/mixed_group_fraction" in runs[0]
+                   else "charts/zero_signal_fraction")
             steps, med, low, high = band(runs, tag)
             if tag == "charts/mixed_group_fraction":
                 med, low, high = [1 - v for v in med], [1 - v for v in high], [1 - v for v in low]
@@ -341,7 +347,8 @@ def write_report(name, results, seeds, wall, path, num_iterations=None):
     lines = [f"# Lab: {name}", "", exp.question, "",
              f"`python -m common.lab {name}` ran these ({len(seeds)} seeds: {' '.join(map(str, seeds))}) "
              f"in {wall / 60:.1f} min of wall time:", ""]
-    lines += [f"    python {script} --seed N {' '.join(arm_flags(exp, extra, num_iterations))}" for _, script, extra in exp.arms]
+    lines += [f"    python {script} --seed N {' '.join(arm_flags(exp, extra, num_iterations))}"
+              for _, script, extra in exp.arms]
     lines += ["", "| arm | quantity | median [min, max] over seeds |", "|---|---|---|"]
     lines += [f"| {label} | {quantity} | {value} |" for label, quantity, value in key_numbers(name, results)]
     with open(path, "w") as f:
@@ -395,13 +402,15 @@ def main(argv=None):
         if args.replot:
             with open(data_path) as f:
                 saved = json.load(f)
-            results, seeds, wall, num_iterations = (saved[k] for k in ("results", "seeds", "wall_seconds", "num_iterations"))
+            results, seeds, wall, num_iterations = (
+                saved[k] for k in ("results", "seeds", "wall_seconds", "num_iterations"))
         else:
             print(f"[lab] {name}: {EXPERIMENTS[name].question}", flush=True)
             results, wall = run_experiment(name, args.seeds, args.parallel, cores[: args.parallel], args.num_iterations)
             seeds, num_iterations = args.seeds, args.num_iterations
             with open(data_path, "w") as f:
-                json.dump({"seeds": seeds, "wall_seconds": wall, "num_iterations": num_iterations, "results": results}, f)
+                json.dump({"seeds": seeds, "wall_seconds": wall, "num_iterations": num_iterations,
+                           "results": results}, f)
         write_report(name, results, seeds, wall, os.path.join(args.out, f"{name}.md"), num_iterations)
         plot(name, results, os.path.join(args.out, f"{name}.png"))
         if name == "length-bias":  # the same question on a policy that can tell right from wrong (seconds, exact)

@@ -115,11 +115,13 @@ def main(argv=None) -> None:
         rewards[label] = sample_rewards(model, args)
     curves = {label: pass_curves(r) for label, r in rewards.items()}
     with open(os.path.join(out, f"{NAME}.json"), "w") as f:
-        json.dump({"models": dict(zip(labels, args.models)), "args": vars(args), "curves": curves, "rewards": rewards}, f)
+        json.dump({"models": dict(zip(labels, args.models)), "args": vars(args), "curves": curves,
+                   "rewards": rewards}, f)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= args.samples]
     lines = [f"# {NAME}", "", f"`python -m common.lab {NAME} {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"{args.prompts} held-out questions of {args.task}, {args.samples} samples each at temperature 1, "
-             f"--few-shot {args.few_shot}, --max-new-tokens {args.max_new_tokens}; {(time.time() - start) / 60:.0f} min.",
+             f"--few-shot {args.few_shot}, --max-new-tokens {args.max_new_tokens}; "
+             f"{(time.time() - start) / 60:.0f} min.",
              "", "| model | " + " | ".join(f"pass@{k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
     lines += [f"| {label} | " + " | ".join(f"{curve[k - 1]:.3f}" for k in ks) + " |" for label, curve in curves.items()]
     with open(os.path.join(out, f"{NAME}.md"), "w") as f:

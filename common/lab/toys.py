@@ -18,16 +18,16 @@ The derivations step by step: common/EQUATIONS.md#sec-toy-pathologies.
    batch seldom contains, so for long horizons the estimate comes out far too small.
 
 3. GRPO's 1/|o_i| makes wrong answers longer and right ones shorter, but only if the policy can tell them
-   apart. GRPO (Shao et al. 2024, arXiv:2402.03300) averages each response's token losses, so response i
-   gets (Â_i/|o_i|) ∇log π(o_i), eq. (97) of common/EQUATIONS.md; Dr. GRPO (Liu et al. 2025,
-   arXiv:2503.20783) divides by a constant T_max, eq. (100), and DAPO (Yu et al. 2025, arXiv:2503.14476)
-   by the tokens of the batch, eq. (102). A tabular length policy, with correctness given and the length drawn from softmax logits
-   after right and after wrong answers, shows it: under GRPO a wrong response (Â < 0) is pushed down less
-   the longer it is, a right one (Â > 0) up more the shorter it is. Dr. GRPO's expected gradient is exactly
-   zero, DAPO's tiny (its weight 1/Σ_j L_j barely depends on L_i). If instead one set of logits serves both
-   (length cannot depend on correctness), every method's expected gradient is exactly zero: the Â of a group
-   sum to zero and are independent of the lengths. So the bias needs a policy whose length can follow
-   correctness, which a small language model may never learn (then the lengths only wander).
+   apart. GRPO (Shao et al. 2024, arXiv:2402.03300) averages each response's token losses, so response i gets
+   (Â_i/|o_i|) ∇log π(o_i), eq. (97) of common/EQUATIONS.md; Dr. GRPO (Liu et al. 2025, arXiv:2503.20783)
+   divides by a constant T_max, eq. (100), and DAPO (Yu et al. 2025, arXiv:2503.14476) by the tokens of the
+   batch, eq. (102). A tabular length policy, with correctness given and the length drawn from softmax logits
+   after right and after wrong answers, shows it: under GRPO a wrong response (Â < 0) is pushed down less the
+   longer it is, a right one (Â > 0) up more the shorter it is. Dr. GRPO's expected gradient is exactly zero,
+   DAPO's tiny (its weight 1/Σ_j L_j barely depends on L_i). If instead one set of logits serves both (length
+   cannot depend on correctness), every method's expected gradient is exactly zero: the Â of a group sum to
+   zero and are independent of the lengths. So the bias needs a policy whose length can follow correctness,
+   which a small language model may never learn (then the lengths only wander).
 
 Examples 1 and 2 are computed exactly first (policy evaluation by a linear solve, enumeration of trajectories
 and of the binomial count of 1-actions), then checked by Monte Carlo, once per --seeds value. Example 3

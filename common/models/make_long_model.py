@@ -84,7 +84,9 @@ def main(argv=None):
         print(f"step {step:5d}  loss {loss:.3f}  reverse: sampled {sampled:.2f} greedy {greedy:.2f}"
               f"  mean sampled length {length:.1f} tokens  {time.time() - start:.0f}s", flush=True)
 
-    next_batch = lambda: make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction, args.max_dots)
+    def next_batch():
+        return make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction, args.max_dots)
+
     train(model, args, next_batch, report, report_every=500)
     save(model, tokenizer, args.out)
     print(f"saved to {args.out}; use it with: python grpo.py --model {args.out} --task reverse --max-new-tokens 64")

@@ -108,7 +108,8 @@ def parser(name: str, doc: str, steps: int, batch_size: int) -> argparse.Argumen
     """The flags of a make_*_model script (this one and make_long_model.py); --out defaults to runs/<name>."""
     p = argparse.ArgumentParser(prog=f"python -m common.make_{name}", description=doc.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", default=os.path.join("runs", name), help=f"output folder (the shipped model is common/models/{name})")
+    p.add_argument("--out", default=os.path.join("runs", name),
+                   help=f"output folder (the shipped model is common/models/{name})")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it already exists")
     p.add_argument("--seed", type=int, default=0, help="seeds data, init and sampling")
     p.add_argument("--steps", type=int, default=steps, help="optimiser steps")
@@ -142,7 +143,10 @@ def train(model, args, next_batch, report, report_every: int):
     report(step, loss) every report_every steps and at the last one (in eval mode)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     warmup = 200
-    schedule = lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
+
+    def schedule(s):
+        return min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * s / args.steps))
+
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     for step in range(args.steps):
         input_ids, attention_mask, labels = next_batch()
@@ -177,11 +181,13 @@ def main(argv=None):
     start = time.time()
 
     def report(step, loss):
-        accs = {t: (accuracy(model, tokenizer, t, 200, True), accuracy(model, tokenizer, t, 200, False)) for t in PRETRAIN_TASKS}
+        accs = {t: (accuracy(model, tokenizer, t, 200, True), accuracy(model, tokenizer, t, 200, False))
+                for t in PRETRAIN_TASKS}
         accs_text = "  ".join(f"{t}: sampled {s:.2f} greedy {g:.2f}" for t, (s, g) in accs.items())
         print(f"step {step:6d}  loss {loss:.3f}  {accs_text}  {time.time() - start:.0f}s", flush=True)
 
-    train(model, args, lambda: make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction), report, report_every=1000)
+    train(model, args, lambda: make_batch(tokenizer, args.batch_size, rng, args.wrong_fraction), report,
+          report_every=1000)
     save(model, tokenizer, args.out)
     print(f"saved to {args.out}; use it with: python grpo.py --model {args.out}")
 

@@ -99,8 +99,8 @@ TUNED = {
     },
     "MountainCarContinuous-v0": {
         "vpg": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --gamma 0.99 --norm-obs --norm-reward",
-        "a2c": "--total-timesteps 600000 --num-envs 16 --num-steps 32 --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 "
-               "--norm-obs --norm-reward",
+        "a2c": "--total-timesteps 600000 --num-envs 16 --num-steps 32 --learning-rate 3e-4 --gamma 0.99 "
+               "--gae-lambda 0.95 --norm-obs --norm-reward",
         "trpo": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --gamma 0.99 --gae-lambda 0.95 "
                 "--norm-obs --norm-reward",
         "ppo": "--total-timesteps 300000 --num-envs 16 --num-steps 256 --num-minibatches 8 --learning-rate 1e-3 "

@@ -180,8 +180,8 @@ def settings(g, config, default) -> list[tuple[str, str, str, str]]:
          f"{default.max_steps} (epochs {default.num_train_epochs:g})"),
         ("prompt order", "task stream, seeded", f"same stream, shuffle_dataset {config.shuffle_dataset}",
          str(default.shuffle_dataset)),
-        ("max response tokens", f"max_new_tokens {g.max_new_tokens}", f"max_completion_length {config.max_completion_length}",
-         str(default.max_completion_length)),
+        ("max response tokens", f"max_new_tokens {g.max_new_tokens}",
+         f"max_completion_length {config.max_completion_length}", str(default.max_completion_length)),
         ("temperature", f"{g.temperature:g}", f"{config.temperature:g}", f"{default.temperature:g}"),
         ("top_k / top_p / min_p", "0 / 1 / none", f"{config.top_k} / {config.top_p:g} / {config.min_p}",
          f"{default.top_k} / {default.top_p:g} / {default.min_p}"),
@@ -189,13 +189,15 @@ def settings(g, config, default) -> list[tuple[str, str, str, str]]:
         ("schedule", "linear to 0 per iteration", sched.format(config.warmup_steps),
          f"{name(default.lr_scheduler_type)} per optimiser step, warm-up {default.warmup_steps}"),
         ("optimiser", "Adam (0.9, 0.999, 1e-8)",
-         f"{name(config.optim)}, weight decay {config.weight_decay:g}", f"{name(default.optim)}, weight decay {default.weight_decay:g}"),
+         f"{name(config.optim)}, weight decay {config.weight_decay:g}",
+         f"{name(default.optim)}, weight decay {default.weight_decay:g}"),
         ("gradient-norm clip", f"{g.max_grad_norm:g}", f"{config.max_grad_norm:g}", f"{default.max_grad_norm:g}"),
         ("loss aggregation", "token mean per response, then mean (eq. 97)", f"loss_type {config.loss_type}",
          default.loss_type),
-        ("advantage", "(R − mean) / √(pop. var + 1e-6)", f"scale_rewards {config.scale_rewards}: (R − mean) / (std + 1e-4)",
-         default.scale_rewards),
-        ("clip ε (low / high)", f"{g.clip_eps:g} / {g.clip_eps:g}", f"{config.epsilon:g} / {config.epsilon_high or config.epsilon:g}",
+        ("advantage", "(R − mean) / √(pop. var + 1e-6)",
+         f"scale_rewards {config.scale_rewards}: (R − mean) / (std + 1e-4)", default.scale_rewards),
+        ("clip ε (low / high)", f"{g.clip_eps:g} / {g.clip_eps:g}",
+         f"{config.epsilon:g} / {config.epsilon_high or config.epsilon:g}",
          f"{default.epsilon:g} / {default.epsilon_high or default.epsilon:g}"),
         ("KL weight β", f"{g.beta:g}", f"{config.beta:g}", f"{default.beta:g}"),
         ("KL estimator", f"{g.kl_estimator}, not weighted by the ratio",
@@ -235,7 +237,8 @@ def add_position_ids(model):
 
     def hook(module, args, kwargs):
         input_ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        if kwargs.get("position_ids") is None and input_ids is not None and mask is not None and mask.shape == input_ids.shape:
+        if (kwargs.get("position_ids") is None and input_ids is not None and mask is not None
+                and mask.shape == input_ids.shape):
             kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
         return args, kwargs
 
@@ -332,8 +335,8 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
     if tokenizer(texts[0])["input_ids"] != tokenizer(texts[0], add_special_tokens=False)["input_ids"]:
         raise SystemExit("error: this tokenizer adds special tokens to a text prompt (TRL would read another prompt)")
     if llm.answer_stop(tokenizer, task, g.few_shot) is not None:
-        raise SystemExit("error: a base model with --few-shot ends its answer at a stop string, which TRL does not have: "
-                         "use a chat model, or --few-shot 0")
+        raise SystemExit("error: a base model with --few-shot ends its answer at a stop string, "
+                         "which TRL does not have: use a chat model, or --few-shot 0")
     dataset = Dataset.from_dict({"prompt": texts, "target": [t for _, t in pairs]})
     eval_prompts = task.prompts(g.eval_size, random.Random(EVAL_SEED), split="test")
     writer = SummaryWriter(os.path.join("runs", run_name))
@@ -348,12 +351,14 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
         """grpo.py's held-out evaluation and its per-iteration log, at iteration boundaries (every 4 steps)."""
 
         def evaluate(self, model, iteration):
-            sampled, greedy = grpo.evaluate(model, tokenizer, task, eval_prompts, g, device, torch.autocast("cpu", enabled=False))
+            sampled, greedy = grpo.evaluate(model, tokenizer, task, eval_prompts, g, device,
+                                            torch.autocast("cpu", enabled=False))
             accuracy, greedy_accuracy = sampled.mean().item(), greedy.mean().item()
             model.train()  # evaluate() leaves eval mode; the trainer trains in train mode
             writer.add_scalar("charts/accuracy", accuracy, iteration)
             writer.add_scalar("charts/greedy_accuracy", greedy_accuracy, iteration)
-            print(f"iteration {iteration:4d}  held-out accuracy {accuracy:.3f} (greedy {greedy_accuracy:.3f})", flush=True)
+            print(f"iteration {iteration:4d}  held-out accuracy {accuracy:.3f} (greedy {greedy_accuracy:.3f})",
+                  flush=True)
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             self.evaluate(model, 0)
@@ -389,7 +394,8 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
         gap, padded = scoring_gap(trainer, tokenizer, texts[: g.prompts_per_iteration], g)
         writer.add_scalar("diagnostics/scoring_gap_nats", gap, 0)
         writer.add_scalar("diagnostics/padded_rows", padded, 0)
-        print(f"{run_name}: left-padded rows {padded:.0%}, scored {gap:.3f} nats/token away from the sampler", flush=True)
+        print(f"{run_name}: left-padded rows {padded:.0%}, scored {gap:.3f} nats/token away from the sampler",
+              flush=True)
         trainer.train()
     writer.close()
 
@@ -405,7 +411,8 @@ def command(variant: str, seed: int, num_iterations: int, flags: list[str]) -> l
 
 
 def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin, keep: bool):
-    """One run in a fresh working directory; (scalars, launch time, run seconds, peak RSS in GB), or None if it failed."""
+    """One run in a fresh working directory; (scalars, launch time, run seconds, peak RSS in GB),
+    or None if it failed."""
     cmd = command(variant, seed, num_iterations, flags)
     if pin is not None:
         cmd = ["taskset", "-c", str(pin)] + cmd
@@ -426,7 +433,8 @@ def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin,
     return scalars, launch_time, run_seconds, peak_gb
 
 
-def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float, eval_every: int) -> dict:
+def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float,
+              eval_every: int) -> dict:
     """One row of a run's numbers (NaN where missing). Training starts when the iteration-0 evaluation is logged.
 
     s/iter is the mean wall time between consecutive iterations' logs, leaving out the intervals that hold a
@@ -478,7 +486,8 @@ def markdown(results: dict, threshold: float) -> str:
         reached = sum(not math.isnan(r["x_to"]) for r in rows)
         med = median_row(rows) if rows else {}
         note = f" ({failed} failed)" if failed else ""
-        lines.append(f"| {variant} | {reached}/{len(runs)}{note} | " + " | ".join(fmt(med, k, s) for _, k, s in COLUMNS) + " |")
+        lines.append(f"| {variant} | {reached}/{len(runs)}{note} | "
+                     + " | ".join(fmt(med, k, s) for _, k, s in COLUMNS) + " |")
     lines += ["", "| variant | seed | " + " | ".join(headers) + " |", "|---|---|" + "---|" * len(COLUMNS)]
     for variant, runs in results.items():
         for seed, row in runs:
@@ -496,16 +505,19 @@ def parse_args(argv):
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                    help="what to run: grpo.py, TRL as configured, TRL with the position-id hook")
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3], help="seeds; the variants of a seed run back to back")
+    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3],
+                   help="seeds; the variants of a seed run back to back")
     p.add_argument("--num-iterations", type=int, default=150, help="iterations of every run (grpo.py's default: 150)")
     p.add_argument("--threshold", type=float, default=0.9, help="held-out accuracy that counts as reached")
     p.add_argument("--cores", type=int, nargs="+", default=[0],
                    help="CPU cores to pin runs to with taskset, one run per core: with two or more, the variants of a "
                         "seed run at the same time")
     p.add_argument("--no-pin", action="store_true", help="do not pin runs with taskset")
-    p.add_argument("--out", default=None, help="also write the tables (with the settings and the differences) to this file")
+    p.add_argument("--out", default=None,
+                   help="also write the tables (with the settings and the differences) to this file")
     p.add_argument("--keep", action="store_true", help="keep each run's temporary working directory")
-    p.add_argument("--settings", action="store_true", help="print the two resolved configurations side by side and exit")
+    p.add_argument("--settings", action="store_true",
+                   help="print the two resolved configurations side by side and exit")
     p.add_argument("--worker", choices=("trl", "trl-hook"), default=None, help=argparse.SUPPRESS)  # one TRL run
     p.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)  # the worker's seed
     args = p.parse_args(argv)
@@ -515,7 +527,8 @@ def parse_args(argv):
         (min(args.cores) >= 0 and len(set(args.cores)) == len(args.cores),
          f"--cores must be distinct cores >= 0, got {' '.join(map(str, args.cores))}"),
         (not any(f.startswith("--lora-rank") for f in flags), "--lora-rank: the TRL side here trains all weights"),
-        (len(set(args.seeds)) == len(args.seeds), f"--seeds must not repeat a seed, got {' '.join(map(str, args.seeds))}"),
+        (len(set(args.seeds)) == len(args.seeds),
+         f"--seeds must not repeat a seed, got {' '.join(map(str, args.seeds))}"),
         (len(set(args.variants)) == len(args.variants), f"--variants must not repeat, got {' '.join(args.variants)}"),
     ]
     for ok, message in checks:
@@ -535,8 +548,8 @@ def main(argv=None):
     import grpo
 
     if trl_version() != TRL_TESTED:
-        print(f"warning: TRL {trl_version()} is not the {TRL_TESTED} this tool was written against: its defaults, and the "
-              "log-prob function the gap measurement calls, may have moved", file=sys.stderr)
+        print(f"warning: TRL {trl_version()} is not the {TRL_TESTED} this tool was written against: "
+              "its defaults, and the log-prob function the gap measurement calls, may have moved", file=sys.stderr)
     g = grpo_args(args.flags, num_iterations=args.num_iterations)  # tyro refuses unknown flags
     grpo.check_args(g)  # and grpo.py's checks a bad value, in one line, before TRL sees it
     setting_text = settings_markdown(g)
@@ -556,21 +569,23 @@ def main(argv=None):
     for start in range(0, len(jobs), len(cores)):  # as many runs at a time as cores, each on its own
         batch = jobs[start : start + len(cores)]
         with concurrent.futures.ThreadPoolExecutor(len(batch)) as pool:
-            runs = list(pool.map(lambda job_core: run_one(job_core[0][1], job_core[0][0], args.num_iterations, args.flags,
-                                                          job_core[1], args.keep), zip(batch, cores)))
+            runs = list(pool.map(lambda job_core: run_one(job_core[0][1], job_core[0][0], args.num_iterations,
+                                                          args.flags, job_core[1], args.keep), zip(batch, cores)))
         for (seed, variant), run in zip(batch, runs):
             row = None if run is None else summarise(*run, args.threshold, g.eval_every)
             results[variant].append((seed, row))
             if row is not None:
-                print(f"[compare_trl] {variant} seed {seed}: {row['run_s']:.0f} s, {fmt(row, 's_iter', '{:.3f}')} s/iter, "
+                print(f"[compare_trl] {variant} seed {seed}: {row['run_s']:.0f} s, "
+                      f"{fmt(row, 's_iter', '{:.3f}')} s/iter, "
                       f"iterations to {args.threshold:g}: {fmt(row, 'x_to', '{:.0f}')}, final {row['final']:.3f}",
                       file=sys.stderr, flush=True)
 
     cmd = shlex.join(["python", "-m", "common.tools.compare_trl"] + argv)
     text = (f"`{cmd}`\n\nTRL {trl_version()}, one core per run (taskset, OMP_NUM_THREADS=1), seeds "
-            f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on {g.eval_size} test prompts, sampled at "
-            f"temperature 1; "
-            f"'training seconds' count from the end of the iteration-0 evaluation; 'start-up' from process launch to it.\n\n"
+            f"{' '.join(map(str, args.seeds))} interleaved. Held-out accuracy on {g.eval_size} test prompts, "
+            f"sampled at temperature 1; "
+            f"'training seconds' count from the end of the iteration-0 evaluation; "
+            f"'start-up' from process launch to it.\n\n"
             + markdown(results, args.threshold)
             + "\nDifferences that could not be aligned:\n\n" + "".join(f"- {d}\n" for d in DIFFERENCES))
     print(text)

@@ -42,12 +42,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIGS = {
     "gpt2-tiny": ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=256, vocab_size=1000)),  # for a quick try
     "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)),
-    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                                   tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)),
-    "qwen2.5-1.5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                                   num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-                                   tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                   num_attention_heads=14, num_key_value_heads=2,
+                                   vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                                   rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-1.5b": ("qwen2", dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                   num_attention_heads=12, num_key_value_heads=2,
+                                   vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                                   rope_theta=1000000.0, rms_norm_eps=1e-6)),
 }
 VARIANTS = {
     "full": [],
@@ -72,7 +74,8 @@ def build_model(name: str, folder: str) -> None:
     bpe.decoder = decoders.Fuse()
     bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "<|endoftext|>"]))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>", unk_token="<unk>")
-    config = AutoConfig.for_model(model_type, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id, **fields)
+    config = AutoConfig.for_model(model_type, eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                                  **fields)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(folder)
@@ -101,7 +104,8 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
                "print('peak_rss_kb', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
     with tempfile.TemporaryDirectory() as cwd:
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-        result = subprocess.run([sys.executable, "-c", wrapper, *command], cwd=cwd, env=env, capture_output=True, text=True)
+        result = subprocess.run([sys.executable, "-c", wrapper, *command], cwd=cwd, env=env, capture_output=True,
+                                text=True)
         if result.returncode != 0:
             raise SystemExit(f"error: {variant} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}")
         (run_dir,) = glob.glob(os.path.join(cwd, "runs", "*"))
@@ -129,19 +133,24 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", default=["full", "lora", "full+gc", "lora+gc"], choices=list(VARIANTS),
                         help="default: full lora full+gc lora+gc")
     parser.add_argument("--script", default="grpo.py", help="the group script to run (default: grpo.py)")
-    parser.add_argument("--iterations", type=int, default=3, help="iterations per run; the first is warm-up (default: 3)")
+    parser.add_argument("--iterations", type=int, default=3,
+                        help="iterations per run; the first is warm-up (default: 3)")
     parser.add_argument("--prompts", type=int, default=8, help="B, prompts per iteration (default: 8)")
     parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default: 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=64, help="response length; random weights rarely stop (default: 64)")
-    parser.add_argument("--micro-batch-size", type=int, default=16, help="responses per forward/backward pass (default: 16)")
-    parser.add_argument("--core", type=int, default=None, help="pin each run to this CPU core with taskset (default: no pinning)")
+    parser.add_argument("--max-new-tokens", type=int, default=64,
+                        help="response length; random weights rarely stop (default: 64)")
+    parser.add_argument("--micro-batch-size", type=int, default=16,
+                        help="responses per forward/backward pass (default: 16)")
+    parser.add_argument("--core", type=int, default=None,
+                        help="pin each run to this CPU core with taskset (default: no pinning)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run (default: 1)")
     parser.add_argument("extra", nargs="*", help="flags passed on to the script, after --")
     args = parser.parse_args()
     if args.iterations < 1 or args.prompts < 1 or args.group_size < 2 or args.max_new_tokens < 1:
         raise SystemExit("error: --iterations, --prompts and --max-new-tokens must be >= 1, --group-size >= 2")
     if (args.prompts * args.group_size) % args.micro_batch_size:
-        raise SystemExit(f"error: --micro-batch-size must divide --prompts × --group-size = {args.prompts * args.group_size}")
+        raise SystemExit("error: --micro-batch-size must divide --prompts × --group-size = "
+                         f"{args.prompts * args.group_size}")
 
     rows = []
     for name in args.configs:
@@ -152,15 +161,17 @@ def main() -> None:
                 row = run_variant(args.script, folder, variant, args)
                 print(f"  {variant}: {row} ({time.time() - start:.0f} s)", flush=True)
                 rows.append((name, variant, row))
-    batch = f"B = {args.prompts} × G = {args.group_size}, {args.max_new_tokens} new tokens, micro-batch {args.micro_batch_size}"
+    batch = (f"B = {args.prompts} × G = {args.group_size}, {args.max_new_tokens} new tokens, "
+             f"micro-batch {args.micro_batch_size}")
     print(f"\n{args.script}, {batch}, {args.threads} thread(s); medians over iterations 2..{args.iterations}\n")
     print("| model | variant | generation s | log-probs s | update s | s / iteration | generation share | tokens/s "
           "| peak memory | clipped at ratio 1 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name, variant, row in rows:
         total = row["generate"] + row["logprobs"] + row["update"]
-        print(f"| {name} | {variant} | {row['generate']:.2f} | {row['logprobs']:.2f} | {row['update']:.2f} | {total:.2f} | "
-              f"{row['generate'] / total:.0%} | {row['tokens_per_second']:.0f} | {row['memory']} | {row['clipped_at_one']:.4f} |")
+        print(f"| {name} | {variant} | {row['generate']:.2f} | {row['logprobs']:.2f} | {row['update']:.2f} | "
+              f"{total:.2f} | {row['generate'] / total:.0%} | {row['tokens_per_second']:.0f} | {row['memory']} | "
+              f"{row['clipped_at_one']:.4f} |")
 
 
 if __name__ == "__main__":

@@ -63,9 +63,10 @@ def main(argv=None) -> None:
     tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
     task = get_task(args.task)
     questions = [p for p, _ in task.prompts(args.prompts, random.Random(0))]
-    print(f"{os.path.basename(os.path.normpath(args.model))}: {args.prompts} prompts × {args.group_size} responses of up "
-          f"to {args.max_new_tokens} tokens, {args.threads} thread(s), median of {args.repeats}")
-    print("| few-shot | prompt tokens | response tokens | pass | plain s | shared s | plain / shared | max Δ log-prob | gradient rel. Δ |")
+    print(f"{os.path.basename(os.path.normpath(args.model))}: {args.prompts} prompts × {args.group_size} responses "
+          f"of up to {args.max_new_tokens} tokens, {args.threads} thread(s), median of {args.repeats}")
+    print("| few-shot | prompt tokens | response tokens | pass | plain s | shared s | plain / shared | "
+          "max Δ log-prob | gradient rel. Δ |")
     print("|---|---|---|---|---|---|---|---|---|")
     for few_shot in args.few_shot:
         g = grpo.Args(model=args.model, task=args.task, few_shot=few_shot, group_size=args.group_size,

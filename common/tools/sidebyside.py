@@ -166,7 +166,8 @@ def inline_diff(old, new):
     a, b = TOKEN_RE.findall(old), TOKEN_RE.findall(new)
     ops = difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes()
     # Share of visible characters the two lines have in common (spaces would make any two lines look alike).
-    ink = lambda text: len("".join(text.split()))
+    def ink(text):
+        return len("".join(text.split()))
     kept = sum(ink("".join(a[i1:i2])) for op, i1, i2, _, _ in ops if op == "equal")
     if 2 * kept < 0.5 * (ink(old) + ink(new)):  # mostly rewritten: marking nearly every word is noise
         return esc(old), esc(new)
@@ -280,17 +281,20 @@ h1 .arrow{color:#8c959f;margin:0 .4em}
 .meta{display:flex;flex-wrap:wrap;gap:6px 18px;align-items:center;margin-bottom:8px;color:#57606a}
 .stats b{color:#1f2328}
 .key{display:inline-block;padding:0 6px;border-radius:3px;font:12px/18px ui-monospace,monospace}
-button{font:12px system-ui,sans-serif;padding:2px 8px;border:1px solid #d0d7de;border-radius:4px;background:#fff;cursor:pointer}
+button{font:12px system-ui,sans-serif;padding:2px 8px;border:1px solid #d0d7de;border-radius:4px;background:#fff;
+  cursor:pointer}
 .files{display:grid;grid-template-columns:1fr 1fr;font:600 13px ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 .files div{padding:4px 8px;border-top:1px solid #d0d7de}
 .files div+div{border-left:1px solid #d0d7de}
-table{width:100%;border-collapse:collapse;table-layout:fixed;font:12.5px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
+table{width:100%;border-collapse:collapse;table-layout:fixed;
+  font:12.5px/1.5 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
 col.n{width:3.4em}
 td{vertical-align:top;padding:0 8px}
 td.num{text-align:right;color:#8c959f;user-select:none;border-right:1px solid #eaeef2}
 td.num+td.code+td.num{border-left:1px solid #d0d7de}
 /* long lines wrap with a hanging indent, so a continuation never looks like a new, less-indented line */
-td.code{white-space:pre-wrap;overflow-wrap:anywhere;tab-size:4;padding-left:calc(6px + var(--i,4ch));text-indent:calc(0px - var(--i,4ch))}
+td.code{white-space:pre-wrap;overflow-wrap:anywhere;tab-size:4;padding-left:calc(6px + var(--i,4ch));
+  text-indent:calc(0px - var(--i,4ch))}
 .del,.chg:nth-child(2){background:#ffebe9}
 .add,.chg:nth-child(4){background:#e6ffec}
 del{background:#ffb3ad;text-decoration:none;border-radius:2px}
@@ -299,7 +303,8 @@ ins{background:#8ee6a3;text-decoration:none;border-radius:2px}
 tr.hunk{scroll-margin-top:170px}
 tr.hunk td{padding:6px 8px 2px;border-top:1px solid #d0d7de;background:#fff}
 tbody:first-child tr.hunk:first-child td{border-top:0}
-.eq,.noeq{display:inline-block;margin-right:6px;padding:0 8px;border-radius:10px;font:600 12px/20px system-ui,sans-serif}
+.eq,.noeq{display:inline-block;margin-right:6px;padding:0 8px;border-radius:10px;
+  font:600 12px/20px system-ui,sans-serif}
 .eq{background:#ddf4ff;color:#0550ae;border:1px solid #b6e3ff}
 .noeq{color:#8c959f;border:1px solid #d0d7de;font-weight:400}
 a .eq:hover{background:#b6e3ff}
@@ -343,7 +348,8 @@ def render_pair(left_name, right_name, a, b):
     legend = ('<span><span class="key del">removed</span> <span class="key add">added</span> '
               '<span class="key chg" style="background:linear-gradient(90deg,#ffebe9 50%,#e6ffec 50%)">changed</span> '
               '<span class="key"><del>old</del> \u2192 <ins>new</ins> words</span></span>')
-    buttons = '<span><button onclick="folds(true)">expand all</button> <button onclick="folds(false)">collapse all</button></span>'
+    buttons = ('<span><button onclick="folds(true)">expand all</button> '
+               '<button onclick="folds(false)">collapse all</button></span>')
     header = (f'<header><h1>{esc(left_name)}<span class="arrow">\u2192</span>{esc(right_name)}</h1>'
               f'<div class="meta">{counts}{legend}{buttons}</div>'
               + (f'<div class="meta">equations touched: {touched}</div>' if touched else "")
@@ -376,7 +382,8 @@ def write_pair(left, right, out, root=ROOT):
     """Write the page for one pair to out; return its change counts and hunk labels."""
     text, stats, hunks = render_pair(left, right, read_lines(root, left), read_lines(root, right))
     write(out, text)
-    print(f"wrote {out} ({len(hunks)} hunks: {stats['changed']} changed, {stats['added']} added, {stats['removed']} removed)")
+    print(f"wrote {out} ({len(hunks)} hunks: {stats['changed']} changed, {stats['added']} added, "
+          f"{stats['removed']} removed)")
     return stats, hunks
 
 
@@ -528,8 +535,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m common.tools.sidebyside", description=__doc__.split("\n")[0])
     parser.add_argument("files", nargs="*", help="two files, relative to the repository root (e.g. grpo.py dapo.py)")
     parser.add_argument("--all", action="store_true", help="every pair of the diff guide, plus index.html")
-    parser.add_argument("-o", "--output", help="page to write (a folder with --all); default: sidebyside/ in the repository")
-    parser.add_argument("--root", default=ROOT, help="folder the file names are relative to (default: the repository root)")
+    parser.add_argument("-o", "--output",
+                        help="page to write (a folder with --all); default: sidebyside/ in the repository")
+    parser.add_argument("--root", default=ROOT,
+                        help="folder the file names are relative to (default: the repository root)")
     # One clear line instead of argparse's usage block: a student sees what to fix at once.
     parser.error = lambda msg: sys.exit(f"sidebyside: error: {msg} (see --help)")
     args = parser.parse_args(argv)
@@ -547,7 +556,8 @@ def main(argv=None):
     if len(args.files) != 2:
         parser.error(f"give two files to compare, or --all (got {len(args.files)} file(s))")
     left, right = args.files
-    out = args.output or os.path.join(args.root, "sidebyside", page_name(os.path.basename(left), os.path.basename(right)))
+    out = args.output or os.path.join(args.root, "sidebyside",
+                                      page_name(os.path.basename(left), os.path.basename(right)))
     if os.path.isdir(out):  # -o some/folder: put the page inside it
         out = os.path.join(out, page_name(os.path.basename(left), os.path.basename(right)))
     write_pair(left, right, out, args.root)
