@@ -529,9 +529,9 @@ if __name__ == "__main__":
         with log.phase("update"):
             stats = update_policy(train_model, optimizer, rollout, epochs, args, autocast)
 
-        # Log: the same tags in every group file, means over all processes; evaluate when due (common/llm.py).
+        # Log: the same tags in every group file, means over all processes; evaluate when due (common/runs.py).
         scalars = llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies,
-                                args.group_size)
+                                    args.group_size)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
         if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
             break

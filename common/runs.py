@@ -15,7 +15,6 @@ folder, then named the latest: a kill mid-write leaves the previous checkpoint w
 """
 
 import contextlib
-import json
 import math
 import os
 import random
@@ -332,7 +331,3 @@ def refuse_changed_flags(saved: dict, args) -> None:
             raise SystemExit(f"error: --resume: {flag} {value} differs from the run's {flag} {saved[key]}; a resumed "
                              "run may change only "
                              f"{', '.join('--' + k.replace('_', '-') for k in MAY_CHANGE_ON_RESUME[1:])}")
-
-
-def args_json(args) -> str:
-    return json.dumps(vars(args), indent=1, default=str)

@@ -17,10 +17,14 @@ GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 def in_process(monkeypatch, tmp_path, capsys):
     """`run(name, argv, subdir=".") -> (run_dir, stdout)`: `name`.py's main block in this process, from the folder
     tmp_path/subdir (no subprocess: torch and transformers are imported once for the whole suite). run_dir is the
-    run's log folder under runs/ (None unless there is exactly one). Restores the torch globals a script sets."""
+    run's log folder under runs/ (None unless there is exactly one). Restores the torch globals and the signal
+    handlers a script sets."""
+    import signal
+
     import torch
 
     threads, validate = torch.get_num_threads(), torch.distributions.Distribution._validate_args
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}  # a run sets its own
 
     def run(name, argv, subdir="."):
         name = name.removesuffix(".py")
@@ -34,5 +38,7 @@ def in_process(monkeypatch, tmp_path, capsys):
         return (runs[0] if len(runs) == 1 else None), capsys.readouterr().out
 
     yield run
+    for number, handler in handlers.items():
+        signal.signal(number, handler)
     torch.set_num_threads(threads)
     torch.distributions.Distribution.set_default_validate_args(validate)
