@@ -499,6 +499,8 @@ if __name__ == "__main__":
         for line in defaults + llm.few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
+        if args.gradient_checkpointing:  # a checkpointed layer keeps no KV cache to share
+            print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
     log.begin()
 
     for iteration in range(first_iteration, args.num_iterations + 1):

@@ -62,3 +62,10 @@ def test_help_cut_short_by_a_pipe_ends_quietly():
     stderr = process.stderr.read()
     process.wait(timeout=120)
     assert stderr == "", stderr[-2000:]
+
+
+def test_gradient_checkpointing_says_that_it_does_not_share_the_prompt(in_process):
+    _, out = in_process("grpo", ["--num-iterations", "1", "--prompts-per-iteration", "2", "--num-minibatches", "1",
+                                 "--eval-size", "4", "--gradient-checkpointing"])
+    assert "--gradient-checkpointing: each response is scored with its own copy of its prompt" in out
+    assert "iteration    1/1" in out
