@@ -187,7 +187,15 @@ def resolve_defaults(args) -> list[str]:
     if args.few_shot is None and embedded:
         args.few_shot = 0  # trained on bare questions; a real model's default depends on its kind (few_shot_line)
         lines.append("--few-shot 0  (the embedded models)")
+    if lines and not embedded and not (args.cuda and torch.cuda.is_available()):
+        lines.append(CPU_NOTE)  # measured, not guessed: common/results/smollm2.md
     return lines
+
+
+CPU_NOTE = ("values are a GPU's: on a CPU they are too slow and too big for a small model to learn (SmolLM2-135M: "
+            "no update in 21 minutes, then out of 24 GB of memory); what learned there in ~10 minutes: --task "
+            "addition2 --few-shot 3 --max-new-tokens 16 --prompts-per-iteration 8 --learning-rate 1e-5 "
+            "(common/results/smollm2.md)")
 
 
 def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:

@@ -39,6 +39,18 @@ def test_a_real_model_gets_real_llm_defaults_and_a_typed_flag_wins():
     assert grpo.Args().learning_rate is None  # building Args resolves nothing: the main block's call does
 
 
+def test_on_a_cpu_the_real_model_defaults_say_they_are_a_gpus_with_the_measured_alternative(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    lines = resolved(grpo, model="gpt2")[1]
+    assert lines[-1] == llm.CPU_NOTE and "--learning-rate 1e-5" in llm.CPU_NOTE
+    assert llm.CPU_NOTE not in resolved(grpo, model="common/models/tiny_model")[1]  # the embedded models learn
+    typed = dict(learning_rate=1e-5, max_new_tokens=16, eval_size=64)
+    assert resolved(grpo, model="gpt2", **typed)[1] == []  # nothing left to a default: nothing to warn about
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert llm.CPU_NOTE not in resolved(grpo, model="gpt2")[1]  # a GPU: the values are its own
+    assert llm.CPU_NOTE in resolved(grpo, model="gpt2", cuda=False)[1]  # --no-cuda: the CPU again
+
+
 def test_the_command_line_resolves_the_same_way():
     args = tyro.cli(grpo.Args, args=["--model", "gpt2", "--max-new-tokens", "64"])
     lines = llm.resolve_defaults(args)
