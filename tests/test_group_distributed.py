@@ -115,6 +115,12 @@ def test_two_processes_skipping_groups_without_signal_take_the_one_process_adam_
         assert_same_parameters(steps[module.__name__, micro_batch_size, "adam", skip], expected, initial)
 
 
+def test_logged_fractions_and_means_cover_both_processes(torchrun):
+    """clipfrac, gate and KL are fractions of the whole batch's tokens, summed over the processes before dividing."""
+    _, steps, _ = torchrun
+    assert steps["whole-batch statistics"] == (3 / 8, 0.5)
+
+
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_torchrun_two_processes_end_to_end(module, torchrun):
     out, _, outputs = torchrun

@@ -108,6 +108,37 @@ def test_rollout_stats_by_hand():
     assert dapo_stats["charts/reward"] == pytest.approx((1 - 1.5 + 0.8 + 1 - 1.1 - 1) / 6)
 
 
+def test_lengths_of_right_and_wrong_responses_with_one_or_none_of_a_kind():
+    lengths = torch.tensor([3, 5, 1])
+    mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    zeros, entropies = torch.zeros(3), torch.zeros(3, 5)
+    one_right = torch.tensor([1.0, 0.0, 0.0])
+    stats = llm.rollout_stats(one_right, one_right, zeros, mask, zeros.bool(), entropies, group_size=3)
+    assert (stats["charts/right_response_length"], stats["charts/wrong_response_length"]) == (3.0, 3.0)
+    for accuracies, empty in ((zeros, "charts/right_response_length"), (torch.ones(3), "charts/wrong_response_length")):
+        stats = llm.rollout_stats(accuracies, accuracies, zeros, mask, zeros.bool(), entropies, group_size=3)
+        assert stats[empty] == 0.0  # none of that kind: 0, not NaN
+    for tokens, expected in ((1, 0.7), (0, 0.0)):  # the entropy of a single token; of none: 0, not NaN
+        one_token = (torch.arange(5).unsqueeze(0) < torch.tensor([[tokens], [0], [0]])).float()
+        stats = llm.rollout_stats(zeros, zeros, zeros, one_token, zeros.bool(), entropies + 0.7, group_size=3)
+        assert stats["losses/entropy"] == pytest.approx(expected)
+
+
+def test_entropy_by_hand():
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 5.0]],
+                           [[1.0, 1.0, 3.0, -2.0], [0.0, 9.0, 0.0, 0.0]]])  # [2, 2, vocab 4]
+    p = torch.softmax(logits, dim=-1)
+    expected = -(p * p.log()).sum(-1)  # −Σ π log π, written out
+    assert torch.allclose(llm.entropy(logits), expected, atol=1e-6)
+    assert llm.entropy(logits)[0, 0].item() == pytest.approx(float(torch.log(torch.tensor(4.0))))  # uniform: log |V|
+
+
+def test_a_fraction_of_the_whole_batch_in_one_process():
+    assert llm.global_fraction(1.0, 4.0) == 0.25
+    assert llm.global_fraction(1.0, 1.0) == 1.0  # a single token counts
+    assert llm.global_fraction(0.0, 0.0) == 0.0  # nothing to count (no token with signal): 0, not NaN
+
+
 def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="error: --model .*no such .gguf file"):
         llm.resolve_model_path(str(tmp_path / "model.gguf"))

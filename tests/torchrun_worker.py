@@ -21,6 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
 from test_group_update import adam_update  # noqa: E402
+from common import llm  # noqa: E402
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -53,6 +54,8 @@ if __name__ == "__main__":
                                 world_size)
                 ddp_model = torch.nn.parallel.DistributedDataParallel(model)
                 steps[name, micro_batch_size, "adam", skip] = adam_update(module, ddp_model, rollout, args, skip)[0]
+    # the logged statistics of the whole batch: process 0 counts 1 part of 4, process 1 2 of 4
+    steps["whole-batch statistics"] = llm.global_fraction(rank + 1.0, 4.0), llm.global_mean(float(rank))
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
     torch.distributed.destroy_process_group()
