@@ -302,6 +302,24 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'equivalent: np.clip of the action tensor gives the same array as np.clip of its numpy copy',
     ('ppo.py', 'if args.target_kl is not None and approx_kl > args.target_kl:', '> → >='):
         'equivalent: differs only when the KL estimate equals --target-kl exactly',
+    **{('common/llm.py', 'tails = tokenizer.batch_decode(responses[:, -8:])', mutation):
+       'equivalent: the check runs after every new token, so a stop string is in the last 8 tokens when it is '
+       'complete; a longer tail (0: the whole response) finds nothing sooner'
+       for mutation in ('-8 → -16', '-8 → 0')},
+    **{('common/llm.py', 'positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])', mutation):
+       'equivalent: the chunk size only bounds memory; every chunk of >= 1 position gives the same entropies '
+       '(0 positions only for a vocabulary over 2^24)'
+       for mutation in ('-1 → -2', '-1 → 0', '1 → 0', '1 → 2', 'max → min')},
+    **{('common/llm.py', line, mutation):
+       'equivalent in one process (the code runs only under torchrun): killed by tests/test_group_distributed.py '
+       '(unequal signal per process; whole-batch statistics), whose torchrun launch the mutation run leaves out'
+       for line, mutation in (('if torch.distributed.is_initialized():', 'delete the if'),
+                              ('torch.distributed.all_reduce(total)', 'delete the statement'),
+                              ('torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)',
+                               'delete the statement'))},
+    **{('common/llm.py', line, 'delete the statement'):
+       'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly'
+       for line in ('total = total.to(collective_device())', 'count = count.to(collective_device())')},
 }
 
 
