@@ -302,6 +302,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'equivalent: np.clip of the action tensor gives the same array as np.clip of its numpy copy',
     ('ppo.py', 'if args.target_kl is not None and approx_kl > args.target_kl:', '> → >='):
         'equivalent: differs only when the KL estimate equals --target-kl exactly',
+    **{('grpo.py', 'ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))', mutation):
+       'harmless: this ratio only feeds the logged clip fraction; ±40 keeps exp finite in float32 too'
+       for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
+    ('grpo.py', 'clipped = ((ratio - 1).abs() > args.clip_eps).float()', '> → >='):
+        'equivalent: differs only for a ratio of exactly 1 ± ε, and only in the logged clip fraction',
     **{('common/llm.py', 'tails = tokenizer.batch_decode(responses[:, -8:])', mutation):
        'equivalent: the check runs after every new token, so a stop string is in the last 8 tokens when it is '
        'complete; a longer tail (0: the whole response) finds nothing sooner'

@@ -330,6 +330,26 @@ def test_logged_loss_and_clip_fraction_do_not_depend_on_the_micro_batches(name):
 
 
 @pytest.mark.parametrize("name", list(MODULES))
+def test_logged_kl_is_the_token_mean_of_the_estimator_over_the_whole_update(name):
+    """β > 0: kl_ref is the KL estimator's mean over every token of every response (those without signal too: the
+    KL term acts on them), whatever the micro-batches; at the single step here π_θ = π_θold. β = 0 logs none."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model, no_signal=(1,))
+    logged = [adam_update(module, copy.deepcopy(model), rollout, update_args(module, size, **HPARAMS[name]),
+                          skip=False)[2] for size in (None, 2)]
+    logprobs = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask).detach()
+    log_r = (rollout.ref_logprobs - logprobs).double()
+    k3 = torch.exp(log_r) - log_r - 1  # the k3 estimator (Schulman 2020; the equation page), written out
+    expected = float((k3 * rollout.mask).sum() / rollout.mask.sum())
+    for stats in logged:
+        assert stats["kl_ref"] == pytest.approx([expected], rel=1e-5)
+    no_kl = adam_update(module, copy.deepcopy(model), rollout, update_args(module, beta=0.0, **HPARAMS[name]),
+                        skip=True)[2]
+    assert "kl_ref" not in no_kl
+
+
+@pytest.mark.parametrize("name", list(MODULES))
 def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
     """β = 0 and every advantage 0: the loss's gradient is exactly 0, so the file skips the forward and backward
     passes; Adam still steps on a zero gradient, as it would have (its momentum moves the weights). The weights and
@@ -717,14 +737,20 @@ def test_the_first_minibatch_ratio_is_exactly_one(name, beta, monkeypatch, tmp_p
 
     def policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
         calls.append((logprobs.detach().clone(), old_logprobs.clone(), mask.clone()))
+        groups.append(advantages.clone())
         return real(logprobs, old_logprobs, advantages, mask, **kwargs)
 
+    groups = []  # the advantages of each pass: one group of 8 (--micro-batch-size = --group-size)
     monkeypatch.setattr(module, "policy_loss", policy_loss)  # what update_policy calls
     argv = ["--num-iterations", "1", "--prompts-per-iteration", "8", "--num-minibatches", "2",
             "--micro-batch-size", "8", "--update-epochs", "2", "--beta", str(beta), "--eval-size", "2",
             "--eval-every", "100"]
     run_main(module, argv, monkeypatch, tmp_path)
-    first_step = len(calls) // 4 if beta > 0 else None  # β > 0: every group runs, 2 passes per minibatch
+    first_step = len(calls) // 4 if beta > 0 else None  # β > 0: every group runs, 4 passes per minibatch
+    if beta > 0:
+        assert len(calls) == 2 * 8  # the KL term acts on every group: all 8 run in each of the 2 epochs
+    else:
+        assert all(advantages.abs().sum() > 0 for advantages in groups)  # β = 0: only the groups with signal
     assert len(calls) >= 2
     steps = calls[:first_step] if first_step else calls[:1]
     for logprobs, old_logprobs, mask in steps:
