@@ -307,6 +307,24 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('grpo.py', 'clipped = ((ratio - 1).abs() > args.clip_eps).float()', '> → >='):
         'equivalent: differs only for a ratio of exactly 1 ± ε, and only in the logged clip fraction',
+    ('common/llm.py', 'return (total[0] / total[1]).item() if total[1] > 0 else 0.0', '1 → 0'):
+        'equivalent (the test "part > 0"): the part is counted within the whole, 0 <= part <= whole, so the two '
+        'tests differ only where the fraction is 0 either way',
+    **{('dapo.py', 'args.beta == 0)', mutation):
+       'equivalent in numbers: the groups without signal add exactly 0 when run (tested), and after dynamic '
+       'sampling the batch holds them only as fillers; the skip saves their cost'
+       for mutation in ('0 → 1', '== → !=')},
+    ('dapo.py', 'llm.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],', '0 → 1'):
+        'equivalent: padding positions are masked out of the logged entropy',
+    **{(file, 'clipped = ((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high)).float()' + tail,
+        mutation):
+       'equivalent: differs only for a ratio of exactly 1 − ε_low or 1 + ε_high, and only in the logged clip fraction'
+       for file, tail in (('dapo.py', ''), ('gspo.py', '.unsqueeze(1)')) for mutation in ('< → <=', '> → >=')},
+    **{('gspo.py', 'ratio = torch.exp(masked_mean_per_response(logprobs - old_logprobs, mask).clamp(-20.0, 20.0))',
+        mutation): 'harmless: this ratio only feeds the logged clip fraction; ±40 keeps exp finite in float32 too'
+       for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
+    ('sapo.py', 'tau = torch.where(rollout.advantages[inds].unsqueeze(1) > 0, args.tau_pos, args.tau_neg)', '> → >='):
+        'equivalent: tokens with Â = 0 are not among the logged gate\'s tokens (those with signal)',
     **{('common/llm.py', 'tails = tokenizer.batch_decode(responses[:, -8:])', mutation):
        'equivalent: the check runs after every new token, so a stop string is in the last 8 tokens when it is '
        'complete; a longer tail (0: the whole response) finds nothing sooner'

@@ -301,21 +301,23 @@ def test_logged_loss_and_clip_fraction_do_not_depend_on_the_micro_batches(name):
     gate) is over all the update's tokens with signal: the same whatever --micro-batch-size, and the same as
     written out here from the formula on the whole minibatch (the first step: ratio against the fixed π_θold)."""
     module = MODULES[name]
+    # GSPO: ranges whose two bounds each split this rollout's sequence ratios (0.86-1.49), so that both act
+    hparams = dict(HPARAMS[name], **(dict(clip_eps_low=0.1, clip_eps_high=0.2) if name == "gspo" else {}))
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
-    logged = [adam_update(module, copy.deepcopy(model), rollout, update_args(module, size, beta=0.0, **HPARAMS[name]),
+    logged = [adam_update(module, copy.deepcopy(model), rollout, update_args(module, size, beta=0.0, **hparams),
                           skip=True)[2] for size in (None, 2, 4)]
     for stats in logged[1:]:
         for tag in logged[0]:
             assert stats[tag] == pytest.approx(logged[0][tag], rel=1e-5, abs=1e-7), tag
     logprobs = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask).detach()
     expected_loss = formula_loss(name, logprobs.double(), rollout.old_logprobs.double(), rollout.advantages.double(),
-                                 rollout.mask.double(), **HPARAMS[name])
+                                 rollout.mask.double(), **hparams)
     assert logged[0]["policy_loss"] == pytest.approx([float(expected_loss)], rel=1e-5)
     ratio = torch.exp(logprobs - rollout.old_logprobs)
     if name == "gspo":  # a response's tokens share its sequence ratio
         ratio = torch.exp(((logprobs - rollout.old_logprobs) * rollout.mask).sum(1) / rollout.mask.sum(1)).unsqueeze(1)
-    hp = HPARAMS[name]
+    hp = hparams
     low, high = ((hp.get("clip_eps", 0), hp.get("clip_eps", 0)) if "clip_eps" in hp
                  else (hp.get("clip_eps_low"), hp.get("clip_eps_high")))
     signal = rollout.mask * (rollout.advantages != 0).unsqueeze(1)

@@ -115,6 +115,9 @@ def test_lengths_of_right_and_wrong_responses_with_one_or_none_of_a_kind():
     one_right = torch.tensor([1.0, 0.0, 0.0])
     stats = llm.rollout_stats(one_right, one_right, zeros, mask, zeros.bool(), entropies, group_size=3)
     assert (stats["charts/right_response_length"], stats["charts/wrong_response_length"]) == (3.0, 3.0)
+    one_wrong = 1 - one_right
+    stats = llm.rollout_stats(one_wrong, one_wrong, zeros, mask, zeros.bool(), entropies, group_size=3)
+    assert (stats["charts/right_response_length"], stats["charts/wrong_response_length"]) == (3.0, 3.0)
     for accuracies, empty in ((zeros, "charts/right_response_length"), (torch.ones(3), "charts/wrong_response_length")):
         stats = llm.rollout_stats(accuracies, accuracies, zeros, mask, zeros.bool(), entropies, group_size=3)
         assert stats[empty] == 0.0  # none of that kind: 0, not NaN
