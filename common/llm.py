@@ -169,6 +169,12 @@ SCALE_DEFAULTS = {
     "eval_size": (200, 100, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
 }
 
+# The last default line on a CPU: the values above were measured not to learn there.
+CPU_NOTE = ("values are a GPU's: on a CPU they are too slow and too big for a small model to learn (SmolLM2-135M: "
+            "no update in 21 minutes, then out of 24 GB of memory); what learned there in ~10 minutes: --task "
+            "addition2 --few-shot 3 --max-new-tokens 16 --prompts-per-iteration 8 --learning-rate 1e-5 "
+            "(common/results/smollm2.md)")
+
 
 def resolve_defaults(args) -> list[str]:
     """Fill the scale-dependent fields the user left at None (a typed flag always wins); returns one line per
@@ -190,12 +196,6 @@ def resolve_defaults(args) -> list[str]:
     if lines and not embedded and not (args.cuda and torch.cuda.is_available()):
         lines.append(CPU_NOTE)  # measured, not guessed: common/results/smollm2.md
     return lines
-
-
-CPU_NOTE = ("values are a GPU's: on a CPU they are too slow and too big for a small model to learn (SmolLM2-135M: "
-            "no update in 21 minutes, then out of 24 GB of memory); what learned there in ~10 minutes: --task "
-            "addition2 --few-shot 3 --max-new-tokens 16 --prompts-per-iteration 8 --learning-rate 1e-5 "
-            "(common/results/smollm2.md)")
 
 
 def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
