@@ -13,27 +13,27 @@ model π_ref:
 
 (δ = 1e-6 only keeps a group of equal rewards from dividing by zero; ε_low, ε_high are the clip range.)
 The equation numbers are those of the repo's equation page, common/EQUATIONS.md.
-The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model of
-the same size. The paper trains without a KL term (β = 0); with --beta > 0 it is the k3 estimator
-per token (Schulman 2020, "Approximating KL divergence"), averaged over each response's tokens and
-subtracted per response.
+The group baseline replaces PPO's learned critic V_φ, which for an LLM would be a second model of the same
+size. The paper trains without a KL term (β = 0); with --beta > 0 it is the k3 estimator per token
+(Schulman 2020, "Approximating KL divergence"), averaged over each response's tokens, then subtracted.
 
 What changes from grpo.py, and why (GSPO paper): the reward belongs to the whole response,
 but GRPO corrects for sampling from π_θold token by token, so tokens of one response get unequal
 weights r_{i,t} Â_i (eq. 112) whose noise accumulates over long responses, a cause of collapse.
 GSPO uses one ratio per response, the geometric mean s_i of its token ratios, and clips it per
 response: every token of response i shares the weight s_i Â_i (eq. 111). Averaging log-ratios
-makes s_i move far less than a token ratio, hence the tiny clip range of the paper,
-ε_low = 3e-4 and ε_high = 4e-4. No KL penalty by default (β = 0).
+makes s_i move far less than a token ratio, hence the paper's tiny clip range, ε_low = 3e-4 and ε_high = 4e-4.
 
-One iteration: sample B prompts → G responses each from π_θold → rewards → group advantages →
-log-probs under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the
-loss (several steps, so the ratio leaves 1) → log. The G responses of a group share their prompt:
-it is read once when sampling, scoring and updating, and minibatches hold whole groups.
-The same file runs on several GPUs (torchrun, data parallel) and with LoRA: see the README.
-What is not the method (loading a model, prompts, torchrun, logging) lives in common/llm.py.
+One iteration: sample B prompts → G responses each from π_θold → rewards → group advantages → log-probs
+under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the loss (several
+steps, so the ratio leaves 1) → log. The G responses of a group share their prompt: it is read once when
+sampling, scoring and updating, and minibatches hold whole groups. The same file runs on several GPUs
+(torchrun, data parallel) and with LoRA: see the README. Sections tagged [METHOD] are where the sibling
+files differ; those tagged [SHARED] are identical in all five (tests/test_group_crossfile.py keeps them
+so). What is not the method lives in common/: loading a model, prompts and torchrun in common/llm.py;
+logging, evaluations and checkpoints in common/runs.py.
 
-    python gspo.py                                   # embedded tiny model, offline, CPU, ~60 s
+    python gspo.py                                   # embedded tiny model, offline, CPU (common/results/group.md)
     python gspo.py --model Qwen/Qwen2.5-0.5B-Instruct   # GPU, real-model defaults (lr 1e-6, 256 tokens)
     torchrun --nproc_per_node 4 gspo.py --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16 ...    # 4 GPUs
 """
@@ -90,6 +90,8 @@ class Args(llm.ModelArgs):
     """upper clip range of the sequence ratio: s <= 1 + ε_high (eq. 109)"""
 
 
+# ---------------------------------------------------------------- [METHOD] advantages, KL penalty, loss
+
 def compute_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """eq. (90)-(91): Â_i = (R_i − mean) / sqrt(population variance + δ), within each group.
 
@@ -139,8 +141,7 @@ def policy_loss(
     logprobs, old_logprobs, ref_logprobs, mask: [N, T] over response tokens (mask 1 on real tokens,
     EOS included); advantages: [N], one per response, shared by all its tokens.
     """
-    # eq. (107): sequence ratio, the geometric mean of the token ratios (exp of the mean log-ratio).
-    # Clamping the log-ratio keeps a far-off-policy response from overflowing exp.
+    # eq. (107): sequence ratio, the geometric mean of the token ratios; the clamp keeps exp from overflowing
     ratio = torch.exp(masked_mean_per_response(logprobs - old_logprobs, mask).clamp(-20.0, 20.0))
     # eq. (109): sequence-level clipped surrogate; all tokens of response i share the weight s_i Â_i
     per_response = torch.min(ratio * advantages, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * advantages)
@@ -184,7 +185,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
     ])
 
 
-# ---------------------------------------------------------------- the reference policy of the KL term
+# ---------------------------------------------------------------- [SHARED] the reference policy of the KL term
 
 def reference_model(model, args: Args, bf16: bool = False):
     """π_ref of the KL term, frozen at the starting policy; β = 0 needs none.
@@ -208,7 +209,7 @@ def reference_scoring(ref_model, args: Args):
     return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()
 
 
-# ---------------------------------------------------------------- sampling responses: each prompt read once
+# ---------------------------------------------------------------- [SHARED] sampling responses: each prompt read once
 
 def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     """mask [N, T]: 1 up to and including the first EOS; truncated [N]: no EOS within max_new_tokens.
@@ -235,12 +236,13 @@ class Samples(NamedTuple):
 
 
 @torch.no_grad()
-def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
+def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False,
+           generator: Optional[torch.Generator] = None):
     """num_samples responses to each prompt, drawn token by token from π_θold with a KV cache.
 
     The responses of a group share their prompt, so it is read once: prefill runs each prompt through the
     model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
-    step then runs one new token of every response.
+    step then runs one new token of every response. `generator`: the random numbers of the draws (None: torch's own).
     """
     texts = llm.format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
     stop = llm.answer_stop(tokenizer, task, args.few_shot)
@@ -263,7 +265,8 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
         logits = logits / args.temperature
         entropies.append(llm.entropy(logits))
-        token = logits.argmax(dim=-1) if greedy else torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
+        probs = torch.softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1) if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(1)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
@@ -277,22 +280,23 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     responses = torch.stack(tokens, dim=1)  # [N, T]
     mask, truncated = response_mask(responses, eos_ids)
     if stop is not None:  # a base model's answer ends at the stop string (the token that completes it included)
-        cut = llm.stop_mask(tokenizer, responses, mask, stop)
-        truncated = truncated & (cut.sum(dim=1) == mask.sum(dim=1))  # an answer that ended is not cut short
-        mask = cut
+        mask, stopped = llm.stop_mask(tokenizer, responses, mask, stop)
+        truncated = truncated & ~stopped  # an answer that ended is not cut short, even in the last column
     return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1))
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast) -> tuple[Tensor, Tensor]:
     """Held-out rewards: of --eval-samples responses per prompt sampled at the training temperature (what RL
-    optimises), [prompts, k], and of one greedy response, [prompts, 1]."""
+    optimises), [prompts, k], and of one greedy response, [prompts, 1]. Sampled with random numbers of its own, the
+    same at every evaluation, so that no evaluation flag changes a number of training."""
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
     model.eval()
+    generator = torch.Generator(device).manual_seed(EVAL_SEED)
     rewards = []
     for num_samples, greedy in ((args.eval_samples, False), (1, True)):
         with autocast:
-            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy)
+            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy, generator)
         texts = llm.decode(tokenizer, samples.responses, samples.mask)
         graded = [task.reward(text, target)
                   for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
@@ -300,7 +304,7 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     return rewards[0], rewards[1]
 
 
-# ---------------------------------------------------------------- log-probs of sampled tokens, each prompt read once
+# ---------------------------------------------------------------- [SHARED] log-probs of the sampled tokens
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, responses: Tensor,
                     temperature: float, share_prompt: bool = True) -> Tensor:
@@ -386,7 +390,7 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list[llm.Mi
     return old_logprobs, ref_logprobs
 
 
-# ---------------------------------------------------------------- the update: minibatches of whole groups
+# ---------------------------------------------------------------- [METHOD] the update: minibatches of whole groups
 
 def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[llm.Minibatch]], args: Args, autocast) -> dict:
     """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats.
@@ -448,14 +452,14 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[llm.Mini
 
 
 if __name__ == "__main__":
-    args = llm.parse_args(Args)
+    args = runs.parse_args(Args)  # the command line; with --resume, the run's own flags
     defaults = llm.resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = llm.resolve_model_path(args.model)
     rank, world_size, device = llm.init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
     task = get_task(args.task, args.eval_task)
-    run_name = runs.name(args, task.name, __file__)  # a new runs/ folder, or the resumed run's
+    run_dir = runs.folder(args, task.name, __file__)  # runs/<a new name>, or the folder given to --resume
 
     # Each process samples other responses; the weights start equal (DDP copies process 0's).
     random.seed(args.seed + rank)
@@ -480,20 +484,21 @@ if __name__ == "__main__":
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
     eval_texts = llm.format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
-    llm.check_prompt_length(tokenizer, model, eval_texts, args.max_new_tokens)
+    questions = [p for p, _ in eval_prompts] + llm.training_questions(task)  # all that will be asked, or a sample
+    llm.check_prompt_length(tokenizer, model, task, questions, args.few_shot, args.system_prompt, args.max_new_tokens)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
     # --save-every and --resume; Ctrl-C or SIGTERM ends the iteration in progress, writes a checkpoint and stops.
-    checkpoints = runs.Checkpoints(run_name, model, optimizer, rng, args, rank)
+    checkpoints = runs.Checkpoints(run_dir, model, optimizer, rng, args, rank)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, every random state
     log = runs.IterationLog(
-        run_name, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
+        run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
         lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
     )
     if is_main:
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
+        print(f"{run_dir}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
               f"{batch_size * world_size} responses per iteration")
         for line in defaults + llm.few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
@@ -503,6 +508,8 @@ if __name__ == "__main__":
     log.begin()
 
     for iteration in range(first_iteration, args.num_iterations + 1):
+        if checkpoints.stopped():  # Ctrl-C or SIGTERM while the starting model was evaluated: nothing to finish
+            break
         log.begin_iteration(iteration)
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
@@ -545,8 +552,9 @@ if __name__ == "__main__":
             break
 
     if args.save_model and is_main and not checkpoints.stop_asked:
-        llm.save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
-        print(f"saved to {os.path.join('runs', run_name, 'model')}")
+        llm.save_model(model, tokenizer, os.path.join(run_dir, "model"))  # replaces the model of a run extended
+        print(f"saved to {os.path.join(run_dir, 'model')}")
     log.close()
     del train_model  # DDP holds the process group: finish_distributed must drop its last reference
     llm.finish_distributed()  # every process leaves the group together, once process 0 has evaluated and saved
+    checkpoints.exit_if_stopped()  # 130 after Ctrl-C, 143 after SIGTERM: a stopped run is not a finished one

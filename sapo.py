@@ -25,14 +25,16 @@ then smoothly smaller, never exactly 0, as r leaves 1. τ_neg > τ_pos damps
 negative-advantage tokens faster, which the paper finds more stable. τ_pos = 1.0, τ_neg = 1.05
 (the paper's values); no KL penalty by default (β = 0).
 
-One iteration: sample B prompts → G responses each from π_θold → rewards → group advantages →
-log-probs under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the
-loss (several steps, so the ratio leaves 1) → log. The G responses of a group share their prompt:
-it is read once when sampling, scoring and updating, and minibatches hold whole groups.
-The same file runs on several GPUs (torchrun, data parallel) and with LoRA: see the README.
-What is not the method (loading a model, prompts, torchrun, logging) lives in common/llm.py.
+One iteration: sample B prompts → G responses each from π_θold → rewards → group advantages → log-probs
+under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the loss (several
+steps, so the ratio leaves 1) → log. The G responses of a group share their prompt: it is read once when
+sampling, scoring and updating, and minibatches hold whole groups. The same file runs on several GPUs
+(torchrun, data parallel) and with LoRA: see the README. Sections tagged [METHOD] are where the sibling
+files differ; those tagged [SHARED] are identical in all five (tests/test_group_crossfile.py keeps them
+so). What is not the method lives in common/: loading a model, prompts and torchrun in common/llm.py;
+logging, evaluations and checkpoints in common/runs.py.
 
-    python sapo.py                                   # embedded tiny model, offline, CPU, ~65 s
+    python sapo.py                                   # embedded tiny model, offline, CPU (common/results/group.md)
     python sapo.py --model Qwen/Qwen2.5-0.5B-Instruct   # GPU, real-model defaults (lr 1e-6, 256 tokens)
     torchrun --nproc_per_node 4 sapo.py --model Qwen/Qwen2.5-0.5B-Instruct --lora-rank 16 ...    # 4 GPUs
 """
@@ -89,6 +91,8 @@ class Args(llm.ModelArgs):
     """gate temperature for tokens of negative-advantage responses (eq. 118); > tau_pos damps them faster"""
 
 
+# ---------------------------------------------------------------- [METHOD] advantages, KL penalty, loss
+
 def compute_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """eq. (90)-(91): Â_i = (R_i − mean) / sqrt(population variance + δ), within each group.
 
@@ -117,11 +121,6 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
     return torch.exp(log_r) - log_r - 1.0
 
 
-def masked_mean_per_response(values: Tensor, mask: Tensor) -> Tensor:
-    """[N, T] → [N]: mean over each response's real tokens; an all-padding row gives 0, not NaN."""
-    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
-
-
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -147,8 +146,8 @@ def policy_loss(
     per_token = 4 / tau * torch.sigmoid(tau * (ratio - 1)) * adv
     if ref_logprobs is not None and beta > 0:
         per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator)
-    # eq. (119): mean over the tokens of each response (1/T_i), then over the responses (1/G)
-    return -masked_mean_per_response(per_token, mask).mean()
+    # eq. (119): mean over each response's tokens (1/T_i; 0 for an all-padding row), then over the responses (1/G)
+    return -((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
 
 
 def check_args(args: Args, world_size: int = 1) -> None:
@@ -184,7 +183,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
     ])
 
 
-# ---------------------------------------------------------------- the reference policy of the KL term
+# ---------------------------------------------------------------- [SHARED] the reference policy of the KL term
 
 def reference_model(model, args: Args, bf16: bool = False):
     """π_ref of the KL term, frozen at the starting policy; β = 0 needs none.
@@ -208,7 +207,7 @@ def reference_scoring(ref_model, args: Args):
     return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()
 
 
-# ---------------------------------------------------------------- sampling responses: each prompt read once
+# ---------------------------------------------------------------- [SHARED] sampling responses: each prompt read once
 
 def response_mask(responses: Tensor, eos_ids: Tensor) -> tuple[Tensor, Tensor]:
     """mask [N, T]: 1 up to and including the first EOS; truncated [N]: no EOS within max_new_tokens.
@@ -235,12 +234,13 @@ class Samples(NamedTuple):
 
 
 @torch.no_grad()
-def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False):
+def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False,
+           generator: Optional[torch.Generator] = None):
     """num_samples responses to each prompt, drawn token by token from π_θold with a KV cache.
 
     The responses of a group share their prompt, so it is read once: prefill runs each prompt through the
     model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
-    step then runs one new token of every response.
+    step then runs one new token of every response. `generator`: the random numbers of the draws (None: torch's own).
     """
     texts = llm.format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
     stop = llm.answer_stop(tokenizer, task, args.few_shot)
@@ -263,7 +263,8 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
         logits = logits / args.temperature
         entropies.append(llm.entropy(logits))
-        token = logits.argmax(dim=-1) if greedy else torch.multinomial(torch.softmax(logits, dim=-1), 1).squeeze(1)
+        probs = torch.softmax(logits, dim=-1)
+        token = logits.argmax(dim=-1) if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(1)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
@@ -277,22 +278,23 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     responses = torch.stack(tokens, dim=1)  # [N, T]
     mask, truncated = response_mask(responses, eos_ids)
     if stop is not None:  # a base model's answer ends at the stop string (the token that completes it included)
-        cut = llm.stop_mask(tokenizer, responses, mask, stop)
-        truncated = truncated & (cut.sum(dim=1) == mask.sum(dim=1))  # an answer that ended is not cut short
-        mask = cut
+        mask, stopped = llm.stop_mask(tokenizer, responses, mask, stop)
+        truncated = truncated & ~stopped  # an answer that ended is not cut short, even in the last column
     return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1))
 
 
 @torch.no_grad()
 def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast) -> tuple[Tensor, Tensor]:
     """Held-out rewards: of --eval-samples responses per prompt sampled at the training temperature (what RL
-    optimises), [prompts, k], and of one greedy response, [prompts, 1]."""
+    optimises), [prompts, k], and of one greedy response, [prompts, 1]. Sampled with random numbers of its own, the
+    same at every evaluation, so that no evaluation flag changes a number of training."""
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
     model.eval()
+    generator = torch.Generator(device).manual_seed(EVAL_SEED)
     rewards = []
     for num_samples, greedy in ((args.eval_samples, False), (1, True)):
         with autocast:
-            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy)
+            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy, generator)
         texts = llm.decode(tokenizer, samples.responses, samples.mask)
         graded = [task.reward(text, target)
                   for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
@@ -300,7 +302,7 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     return rewards[0], rewards[1]
 
 
-# ---------------------------------------------------------------- log-probs of sampled tokens, each prompt read once
+# ---------------------------------------------------------------- [SHARED] log-probs of the sampled tokens
 
 def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index: Tensor, responses: Tensor,
                     temperature: float, share_prompt: bool = True) -> Tensor:
@@ -386,7 +388,7 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list[llm.Mi
     return old_logprobs, ref_logprobs
 
 
-# ---------------------------------------------------------------- the update: minibatches of whole groups
+# ---------------------------------------------------------------- [METHOD] the update: minibatches of whole groups
 
 def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[llm.Minibatch]], args: Args, autocast) -> dict:
     """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats.
@@ -449,14 +451,14 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list[list[llm.Mini
 
 
 if __name__ == "__main__":
-    args = llm.parse_args(Args)
+    args = runs.parse_args(Args)  # the command line; with --resume, the run's own flags
     defaults = llm.resolve_defaults(args)  # the flags left unset whose value depends on the model's scale
     check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
     model_path = llm.resolve_model_path(args.model)
     rank, world_size, device = llm.init_distributed(args.cuda)
     is_main = rank == 0  # process 0 alone evaluates, logs, prints and saves
     task = get_task(args.task, args.eval_task)
-    run_name = runs.name(args, task.name, __file__)  # a new runs/ folder, or the resumed run's
+    run_dir = runs.folder(args, task.name, __file__)  # runs/<a new name>, or the folder given to --resume
 
     # Each process samples other responses; the weights start equal (DDP copies process 0's).
     random.seed(args.seed + rank)
@@ -481,20 +483,21 @@ if __name__ == "__main__":
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
     eval_texts = llm.format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
-    llm.check_prompt_length(tokenizer, model, eval_texts, args.max_new_tokens)
+    questions = [p for p, _ in eval_prompts] + llm.training_questions(task)  # all that will be asked, or a sample
+    llm.check_prompt_length(tokenizer, model, task, questions, args.few_shot, args.system_prompt, args.max_new_tokens)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
     # --save-every and --resume; Ctrl-C or SIGTERM ends the iteration in progress, writes a checkpoint and stops.
-    checkpoints = runs.Checkpoints(run_name, model, optimizer, rng, args, rank)
+    checkpoints = runs.Checkpoints(run_dir, model, optimizer, rng, args, rank)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, every random state
     log = runs.IterationLog(
-        run_name, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
+        run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
         lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
     )
     if is_main:
         num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(f"{run_name}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
+        print(f"{run_dir}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
               f"{batch_size * world_size} responses per iteration")
         for line in defaults + llm.few_shot_line(tokenizer, task, args.few_shot):
             print(f"default {line}")
@@ -504,6 +507,8 @@ if __name__ == "__main__":
     log.begin()
 
     for iteration in range(first_iteration, args.num_iterations + 1):
+        if checkpoints.stopped():  # Ctrl-C or SIGTERM while the starting model was evaluated: nothing to finish
+            break
         log.begin_iteration(iteration)
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles instead of jittering.
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
@@ -546,8 +551,9 @@ if __name__ == "__main__":
             break
 
     if args.save_model and is_main and not checkpoints.stop_asked:
-        llm.save_model(model, tokenizer, os.path.join("runs", run_name, "model"))
-        print(f"saved to {os.path.join('runs', run_name, 'model')}")
+        llm.save_model(model, tokenizer, os.path.join(run_dir, "model"))  # replaces the model of a run extended
+        print(f"saved to {os.path.join(run_dir, 'model')}")
     log.close()
     del train_model  # DDP holds the process group: finish_distributed must drop its last reference
     llm.finish_distributed()  # every process leaves the group together, once process 0 has evaluated and saved
+    checkpoints.exit_if_stopped()  # 130 after Ctrl-C, 143 after SIGTERM: a stopped run is not a finished one

@@ -17,7 +17,7 @@ import importlib
 import json
 import os
 import random
-import re
+import shutil
 import warnings
 from dataclasses import dataclass
 from typing import NamedTuple, Optional
@@ -78,62 +78,6 @@ class ModelArgs:
     """a run's folder: resume it from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""  # noqa: E501
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
-
-
-def parse_args(args_class):
-    """The command line as an `args_class` (tyro: one flag per field, its docstring as help). With --resume, the
-    resumed run's own flags are the defaults, and a typed flag may change only what a resumed run may change.
-    A value tyro cannot read is one line, as every other bad value is; a pipe closed early (`python grpo.py --help
-    | head`) ends the program quietly, as it does `cat`."""
-    import io
-    import signal
-    import sys
-
-    import tyro
-
-    from common import runs
-
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    argv = sys.argv[1:]
-    resume = next((value for flag, value in zip(argv, argv[1:] + [None]) if flag == "--resume"), None)
-    resume = resume or next((a.split("=", 1)[1] for a in argv if a.startswith("--resume=")), None)
-    default = None
-    if resume is not None:
-        saved = runs.saved_args(resume)
-        default = args_class(**{k: v for k, v in saved.items() if k in args_class.__dataclass_fields__})
-    errors = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(errors):  # tyro draws its errors in a box: one line of it is said below
-            args = tyro.cli(args_class, config=(tyro.conf.DisallowNone,), **({"default": default} if default else {}))
-    except SystemExit as e:
-        if e.code in (0, None):
-            raise
-        raise SystemExit(f"error: {tyro_error_line(errors.getvalue())}") from None
-    if resume is not None:
-        runs.refuse_changed_flags(saved, args)
-    return args
-
-
-def tyro_error_line(box: str) -> str:
-    """The message of tyro's error box in one line ("Error parsing --seed: invalid literal for int() with base 10:
-    '1.5'" becomes "--seed must be an integer, got '1.5'")."""
-    body = []
-    for line in box.splitlines()[1:]:  # the first line holds the box's title
-        text = line.strip().strip("│").strip()
-        separator = not text.strip("─-")
-        if separator and body:
-            break
-        if not separator:
-            body.append(text)
-    message = " ".join(body).rstrip(".")
-    parsing = re.match(r"Error parsing (--[\w-]+): (.*)", message)
-    if not parsing:
-        return message
-    flag, detail = parsing.groups()
-    value = re.search(r"'([^']*)'\]?$", detail)
-    kind = "an integer" if ("int()" in detail or "INT" in detail) else "a number" if "FLOAT" in detail else None
-    return f"{flag} must be {kind}, got {value.group(1)!r}" if value and kind else f"{flag}: {detail}"
 
 
 def local_folder(model: str) -> Optional[str]:
@@ -383,12 +327,17 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def save_model(model, tokenizer, folder: str) -> None:
-    """Write to a temporary folder, then rename, so an interrupted save never leaves a half-written model.
+    """Write to a temporary folder, then put it in place of the folder (a run extended by --resume saves again), so
+    an interrupted save never leaves a half-written model: the old one stays whole until the new one is.
     With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge."""
-    tmp = folder + ".tmp"
+    tmp, old = folder + ".tmp", folder + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    if os.path.exists(folder):
+        os.replace(folder, old)
     os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
@@ -457,13 +406,15 @@ def holds_stop(tokenizer, responses: Tensor, stop: str) -> Tensor:
     return torch.tensor([stop in tail for tail in tails], device=responses.device)
 
 
-def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
+def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> tuple[Tensor, Tensor]:
     """mask [N, T] ended at the token that completes the first `stop` string (the token included, like an EOS):
-    the shortest prefix whose text holds it, found by bisection, since one token may hold several characters."""
-    lengths = []
+    the shortest prefix whose text holds it, found by bisection, since one token may hold several characters;
+    and [N] True where the answer ended so."""
+    lengths, stopped = [], []
     for row, n in zip(responses.tolist(), mask.sum(dim=1).long().tolist()):
         low, high = 1, n
-        if stop in tokenizer.decode(row[:n]):
+        stopped.append(stop in tokenizer.decode(row[:n]))
+        if stopped[-1]:
             while low < high:
                 middle = (low + high) // 2
                 if stop in tokenizer.decode(row[:middle]):
@@ -472,7 +423,8 @@ def stop_mask(tokenizer, responses: Tensor, mask: Tensor, stop: str) -> Tensor:
                     low = middle + 1
         lengths.append(high)
     positions = torch.arange(responses.shape[1], device=responses.device)
-    return (positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)).float()
+    cut = (positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)).float()
+    return cut, torch.tensor(stopped, dtype=torch.bool, device=responses.device)
 
 
 def decode(tokenizer, responses: Tensor, mask: Tensor) -> list[str]:
@@ -494,13 +446,30 @@ def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
                       for t in tensors])
 
 
-def check_prompt_length(tokenizer, model, texts: list[str], max_new_tokens: int) -> None:
-    """One line, before training, when prompt + response would not fit in the model's positions."""
-    longest = max(map(len, tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]))
-    if longest + max_new_tokens > getattr(model.config, "max_position_embeddings", float("inf")):
-        raise SystemExit(f"error: prompts of up to {longest} tokens + --max-new-tokens {max_new_tokens} exceed the "
-                         f"model's {model.config.max_position_embeddings} positions: "
-                         "lower --few-shot or --max-new-tokens")
+def training_questions(task, sample_size: int = 1000) -> list[str]:
+    """The training questions to check before training: every one of a file's; of a generated task (or a plug-in),
+    a sample drawn as training draws them (a generator's questions are alike in length)."""
+    splits = getattr(task, "splits", None)
+    if splits is not None:
+        return [question for question, _, _ in splits["train"]]
+    return [question for question, _ in task.prompts(sample_size, random.Random(EVAL_SEED))]
+
+
+def check_prompt_length(tokenizer, model, task, questions: list[str], few_shot: Optional[int],
+                        system_prompt: Optional[str], max_new_tokens: int) -> None:
+    """One line, before training, when the longest prompt + a response would not fit in the model's positions,
+    naming that question (as the model reads it: with the chat template or the solved examples)."""
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is None:
+        return
+    texts = format_prompts(tokenizer, task, questions, few_shot, system_prompt)
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]]
+    longest = max(range(len(texts)), key=lengths.__getitem__)
+    if lengths[longest] + max_new_tokens > limit:
+        question = questions[longest] if len(questions[longest]) <= 60 else questions[longest][:57] + "..."
+        raise SystemExit(f"error: the prompt of the question {question!r} is {lengths[longest]} tokens long: with "
+                         f"--max-new-tokens {max_new_tokens} it exceeds the model's {limit} positions; lower "
+                         "--few-shot or --max-new-tokens, or leave that question out")
 
 
 # ---------------------------------------------------------------- several processes (torchrun): data parallel

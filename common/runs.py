@@ -1,12 +1,14 @@
 """The life of a run, the same for every group file: its name and folder, the console and TensorBoard, the
 evaluation schedule, checkpoints that resume bit for bit, and stopping cleanly.
 
-1. `name`: runs/{task}__{file}[-{exp_name}]__{model}__{seed}__{time}, or the resumed run's own folder.
+1. `parse_args` and `folder`: the command line (with --resume, the resumed run's own flags), and the run's folder,
+   runs/{task}__{file}[-{exp_name}]__{model}__{seed}__{time}, or the folder given to --resume, from any folder.
 2. `IterationLog`: phase timings and a status line that moves during long phases, TensorBoard tags, one console
    line per iteration, the held-out evaluations on their schedule, and the one-line errors of a run that cannot
    go on (an unwritable folder, a GPU out of memory).
 3. `Checkpoints`: --save-every, --resume, and SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption), which end the
-   iteration in progress, write a checkpoint and stop with one line saying how to resume.
+   iteration in progress, write a checkpoint and stop with one line saying how to resume; the process then exits
+   with 128 + the signal's number (130, 143), as a shell or a scheduler expects of a stopped program.
 
 A checkpoint holds everything the run draws from, so a resumed run is the uninterrupted one: the trained weights
 (with LoRA, the adapters), Adam's state, the iteration, the resolved flags, and every random state (Python's,
@@ -15,9 +17,11 @@ folder, then named the latest: a kill mid-write leaves the previous checkpoint w
 """
 
 import contextlib
+import io
 import math
 import os
 import random
+import re
 import shutil
 import signal
 import sys
@@ -35,22 +39,74 @@ MAY_CHANGE_ON_RESUME = ("resume", "num_iterations", "save_every", "eval_every", 
 STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
 
 
-def name(args, task_name: str, script: str) -> str:
-    """The run's name, the same on every process: its folder under runs/ when resuming, else a new one that tells
-    runs apart by task, method (and --exp-name), model, seed and start time."""
+def parse_args(args_class):
+    """The command line as an `args_class` (tyro: one flag per field, its docstring as help). With --resume, the
+    resumed run's own flags are the defaults, and a typed flag may change only what a resumed run may change.
+    A value tyro cannot read is one line, as every other bad value is; a pipe closed early (`python grpo.py --help
+    | head`) ends the program quietly, as it does `cat`."""
+    import tyro
+
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    argv = sys.argv[1:]
+    resume = next((value for flag, value in zip(argv, argv[1:] + [None]) if flag == "--resume"), None)
+    resume = resume or next((a.split("=", 1)[1] for a in argv if a.startswith("--resume=")), None)
+    default = None
+    if resume is not None:
+        saved = saved_state(resume)
+        refuse_another_method(resume, saved.get("method"))
+        default = args_class(**{k: v for k, v in saved["args"].items() if k in args_class.__dataclass_fields__})
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors):  # tyro draws its errors in a box: one line of it is said below
+            args = tyro.cli(args_class, config=(tyro.conf.DisallowNone,), **({"default": default} if default else {}))
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        raise SystemExit(f"error: {tyro_error_line(errors.getvalue())}") from None
+    if resume is not None:
+        refuse_changed_flags(saved["args"], args)
+    return args
+
+
+def tyro_error_line(box: str) -> str:
+    """The message of tyro's error box in one line ("Error parsing --seed: invalid literal for int() with base 10:
+    '1.5'" becomes "--seed must be an integer, got '1.5'")."""
+    body = []
+    for line in box.splitlines()[1:]:  # the first line holds the box's title
+        text = line.strip().strip("│").strip()
+        separator = not text.strip("─-")
+        if separator and body:
+            break
+        if not separator:
+            body.append(text)
+    message = " ".join(body).rstrip(".")
+    parsing = re.match(r"Error parsing (--[\w-]+): (.*)", message)
+    if not parsing:
+        return message
+    flag, detail = parsing.groups()
+    value = re.search(r"'([^']*)'\]?$", detail)
+    kind = "an integer" if ("int()" in detail or "INT" in detail) else "a number" if "FLOAT" in detail else None
+    return f"{flag} must be {kind}, got {value.group(1)!r}" if value and kind else f"{flag}: {detail}"
+
+
+def folder(args, task_name: str, script: str) -> str:
+    """The run's folder, the same on every process: the one given to --resume (relative to where the command runs,
+    as typed), else a new one under runs/ that tells runs apart by task, method (and --exp-name), model, seed and
+    start time."""
     if args.resume:
-        return os.path.basename(os.path.normpath(args.resume))
+        return os.path.normpath(args.resume)
     method = os.path.basename(script).removesuffix(".py") + (f"-{args.exp_name}" if args.exp_name else "")
     model = os.path.basename(os.path.normpath(args.model)).removesuffix(".gguf")
-    base = f"{task_name}__{method}__{model}__{args.seed}__{int(time.time())}"
-    run_name, copy = base, 2
-    while os.path.exists(os.path.join("runs", run_name)):  # two runs started in the same second
-        run_name, copy = f"{base}-{copy}", copy + 1
+    base = os.path.join("runs", f"{task_name}__{method}__{model}__{args.seed}__{int(time.time())}")
+    run_dir, copy = base, 2
+    while os.path.exists(run_dir):  # two runs started in the same second
+        run_dir, copy = f"{base}-{copy}", copy + 1
     if torch.distributed.is_initialized():  # the processes may straddle a second: process 0's name for all
-        shared = [run_name]
+        shared = [run_dir]
         torch.distributed.broadcast_object_list(shared, src=0)
-        run_name = shared[0]
-    return run_name
+        run_dir = shared[0]
+    return run_dir
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -75,13 +131,13 @@ class IterationLog:
     evaluates. `evaluate()` returns the held-out rewards of k sampled responses per prompt and of a greedy one.
     """
 
-    def __init__(self, run_name: str, hyperparameters: dict, first_iteration: int, num_iterations: int,
+    def __init__(self, run_dir: str, hyperparameters: dict, first_iteration: int, num_iterations: int,
                  eval_every: int, responses_per_iteration: int, evaluate: Callable[[], tuple], is_main: bool, device):
         from torch.utils.tensorboard import SummaryWriter
 
         self.first_iteration, self.num_iterations, self.eval_every = first_iteration, num_iterations, eval_every
         self.responses, self.evaluate, self.is_main, self.device = responses_per_iteration, evaluate, is_main, device
-        self.folder = os.path.join("runs", run_name)
+        self.folder = run_dir
         self.writer = None
         if is_main:
             try:
@@ -208,17 +264,17 @@ class IterationLog:
 # ---------------------------------------------------------------- checkpoints, resuming, stopping on a signal
 
 class Checkpoints:
-    """runs/{run}/checkpoint-{iteration}/ and the file runs/{run}/latest that names the newest one.
+    """{run}/checkpoint-{iteration}/ and the file {run}/latest that names the newest one.
 
-    Process 0 writes what the processes share (the trained weights, Adam's state, the iteration and the flags);
-    every process writes its own random states. SIGINT and SIGTERM only ask to stop: the iteration in progress
-    ends, a checkpoint is written, and the run stops (a second signal stops at once, without a checkpoint).
+    Process 0 writes what the processes share (the trained weights, Adam's state, the iteration, the flags and the
+    method's file); every process writes its own random states. SIGINT and SIGTERM only ask to stop: the iteration
+    in progress ends, a checkpoint is written, and the run stops (a second signal stops at once, without one).
     """
 
-    def __init__(self, run_name: str, model, optimizer, sampler: random.Random, args, rank: int):
-        self.folder = os.path.join("runs", run_name)
+    def __init__(self, run_dir: str, model, optimizer, sampler: random.Random, args, rank: int):
+        self.folder = run_dir
         self.model, self.optimizer, self.sampler, self.args, self.rank = model, optimizer, sampler, args, rank
-        self.stop_asked, self.first_signal = False, None
+        self.stop_asked, self.first_signal, self.signal_number = False, None, 0
         self.iteration = 0  # the last one done
         signal.signal(signal.SIGINT, self._ask_to_stop)
         signal.signal(signal.SIGTERM, self._ask_to_stop)
@@ -226,16 +282,20 @@ class Checkpoints:
     def _ask_to_stop(self, number, frame) -> None:
         # Ctrl-C under torchrun reaches a process twice within a moment (the terminal's SIGINT, torchrun's SIGTERM)
         if self.first_signal is not None and time.time() - self.first_signal > 2:
-            raise SystemExit(f"stopped at once during iteration {self.iteration + 1}: resume from the last checkpoint "
-                             f"with: {self.resume_command()}")
+            print(f"stopped at once during iteration {self.iteration + 1}, without a checkpoint; "
+                  f"{self.how_to_resume()}", file=sys.stderr, flush=True)
+            raise SystemExit(128 + self.signal_number)
         if self.first_signal is None:
-            self.first_signal, self.stop_asked = time.time(), True
+            self.first_signal, self.stop_asked, self.signal_number = time.time(), True, number
             if self.rank == 0:
                 print(f"\n{signal.Signals(number).name}: stopping after iteration {self.iteration + 1} "
                       "with a checkpoint (again to stop at once, without one)", flush=True)
 
-    def resume_command(self) -> str:
-        return f"python {os.path.basename(sys.argv[0])} --resume {self.folder}"
+    def how_to_resume(self) -> str:
+        """The command that resumes the run from its latest checkpoint, or why there is none."""
+        if not os.path.exists(os.path.join(self.folder, "latest")):
+            return "no checkpoint was written, so there is nothing to resume: start the run again"
+        return f"resume with: python {os.path.basename(sys.argv[0])} --resume {self.folder}"
 
     def trained(self) -> dict:
         """The weights training changes (with LoRA, only the adapters), by name."""
@@ -249,7 +309,7 @@ class Checkpoints:
             shutil.rmtree(path + ".tmp", ignore_errors=True)
             os.makedirs(path + ".tmp")
             state = dict(iteration=iteration, weights=self.trained(), optimizer=self.optimizer.state_dict(),
-                         args=vars(self.args))
+                         args=vars(self.args), method=os.path.basename(sys.argv[0]))
             torch.save(state, os.path.join(path + ".tmp", "state.pt"))
         if distributed:
             torch.distributed.barrier()  # the folder exists before the other processes write into it
@@ -260,6 +320,7 @@ class Checkpoints:
         if distributed:
             torch.distributed.barrier()  # every process has written before the checkpoint is named the latest
         if self.rank == 0:
+            shutil.rmtree(path, ignore_errors=True)  # the same iteration's checkpoint, from before a resume
             os.replace(path + ".tmp", path)
             with open(os.path.join(self.folder, "latest.tmp"), "w") as f:
                 f.write(os.path.basename(path))
@@ -274,7 +335,7 @@ class Checkpoints:
         """Load the latest checkpoint of --resume into the model, the optimiser and every random state; returns the
         first iteration still to run."""
         path = os.path.join(self.folder, latest_checkpoint(self.folder))
-        state = torch.load(os.path.join(path, "state.pt"), map_location="cpu", weights_only=False)
+        state = load(self.folder, os.path.join(path, "state.pt"))
         with torch.no_grad():
             for name, weight in self.trained().items():
                 weight.copy_(state["weights"][name])
@@ -283,7 +344,7 @@ class Checkpoints:
         if not os.path.exists(random_file):
             raise SystemExit(f"error: --resume {self.folder}: {random_file} is missing (was the run on as many "
                              "processes? run it with the same torchrun --nproc_per_node)")
-        randoms = torch.load(random_file, weights_only=False)
+        randoms = load(self.folder, random_file)
         random.setstate(randoms["python"])
         np.random.set_state(randoms["numpy"])
         torch.set_rng_state(randoms["torch"])
@@ -293,34 +354,78 @@ class Checkpoints:
         self.iteration = state["iteration"]
         if self.rank == 0:
             print(f"resumed {self.folder} after iteration {self.iteration} ({path})", flush=True)
+            if self.iteration >= self.args.num_iterations:
+                print(f"nothing left to do: the run has done its {self.iteration} iterations (--num-iterations N, "
+                      f"with N > {self.iteration}, extends it)", flush=True)
         return self.iteration + 1
 
+    def stopped(self) -> bool:
+        """Before an iteration: True when a stop was asked (on any process) before it began, e.g. while the starting
+        model was evaluated. There is no iteration to finish, and the run stops at once."""
+        if global_mean(float(self.stop_asked)) == 0:
+            return False
+        if self.rank == 0:
+            print(f"stopped before iteration {self.iteration + 1}; {self.how_to_resume()}", flush=True)
+        return True
+
     def after(self, iteration: int) -> bool:
-        """After an iteration: write a checkpoint when --save-every says so or a stop was asked (on any process);
-        True when the run must stop now."""
+        """After an iteration: write a checkpoint when --save-every says so (and after the last iteration, so that a
+        finished run can be extended) or a stop was asked (on any process); True when the run must stop now."""
         self.iteration = iteration
         stop = global_mean(float(self.stop_asked)) > 0
-        if stop or (self.args.save_every and iteration % self.args.save_every == 0):
+        due = self.args.save_every and (iteration % self.args.save_every == 0 or iteration == self.args.num_iterations)
+        if stop or due:
             self.save(iteration)
         if stop and self.rank == 0:
-            print(f"stopped after iteration {iteration}; resume with: {self.resume_command()}", flush=True)
+            print(f"stopped after iteration {iteration}; {self.how_to_resume()}", flush=True)
         return stop
+
+    def exit_if_stopped(self) -> None:
+        """The last line of a run: a run stopped by a signal exits with 128 + its number (130 for SIGINT, 143 for
+        SIGTERM), so that `python grpo.py && next` does not go on and a scheduler sees a preempted job, not a done
+        one."""
+        if self.stop_asked:
+            raise SystemExit(128 + self.signal_number)
 
 
 def latest_checkpoint(folder: str) -> str:
     """The name of the newest checkpoint of a run folder; one line when there is none."""
     try:
         with open(os.path.join(folder, "latest")) as f:
-            return f.read().strip()
+            name = f.read().strip()
     except OSError:
+        if not os.path.isdir(folder):
+            raise SystemExit(f"error: --resume {folder}: no such folder (a run's folder, e.g. runs/<run>)") from None
         raise SystemExit(f"error: --resume {folder}: no checkpoint there (a run writes one with --save-every N, "
                          "or when Ctrl-C or SIGTERM stops it)") from None
+    if not os.path.isdir(os.path.join(folder, name)):
+        raise SystemExit(f"error: --resume {folder}: {os.path.join(folder, 'latest')} names {name!r}, which is not "
+                         "there (removed or moved?)")
+    return name
 
 
-def saved_args(folder: str) -> dict:
-    """The resolved flags of the run in `folder`, as its latest checkpoint holds them."""
-    path = os.path.join(folder, latest_checkpoint(folder), "state.pt")
-    return torch.load(path, map_location="cpu", weights_only=False)["args"]
+def load(folder: str, path: str) -> dict:
+    """A file of a checkpoint, or one line naming it when it is missing or damaged."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: --resume {folder}: {path} is missing")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # a copy cut short, a disk error, another file under that name: whatever torch says
+        raise SystemExit(f"error: --resume {folder}: {path} cannot be read, the checkpoint is damaged "
+                         f"({type(e).__name__})") from None
+
+
+def saved_state(folder: str) -> dict:
+    """The state.pt of the latest checkpoint of the run in `folder`: its resolved flags, its method's file, ..."""
+    return load(folder, os.path.join(folder, latest_checkpoint(folder), "state.pt"))
+
+
+def refuse_another_method(folder: str, method) -> None:
+    """One line when --resume names a run of another group file: its flags, weights and logs are that method's."""
+    script = os.path.basename(sys.argv[0])
+    if method is not None and method != script:
+        raise SystemExit(f"error: --resume {folder}: a run of {method}, not of {script}; resume it with: "
+                         f"python {method} --resume {folder}")
 
 
 def refuse_changed_flags(saved: dict, args) -> None:

@@ -17,8 +17,9 @@ GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 def in_process(monkeypatch, tmp_path, capsys):
     """`run(name, argv, subdir=".") -> (run_dir, stdout)`: `name`.py's main block in this process, from the folder
     tmp_path/subdir (no subprocess: torch and transformers are imported once for the whole suite). run_dir is the
-    run's log folder under runs/ (None unless there is exactly one). Restores the torch globals and the signal
-    handlers a script sets."""
+    run's log folder under runs/ (None unless there is exactly one). A run stopped by a signal returns too, its exit
+    status (130, 143) in run.exit_code (0 otherwise). Restores the torch globals and the signal handlers a script
+    sets."""
     import signal
 
     import torch
@@ -33,7 +34,13 @@ def in_process(monkeypatch, tmp_path, capsys):
         monkeypatch.chdir(cwd)
         monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
         capsys.readouterr()
-        runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        run.exit_code = 0
+        try:
+            runpy.run_path(os.path.join(ROOT, f"{name}.py"), run_name="__main__")
+        except SystemExit as e:
+            if e.code not in (130, 143):  # a run stopped by SIGINT or SIGTERM: its exit code is kept in run.exit_code
+                raise
+            run.exit_code = e.code
         runs = list((cwd / "runs").iterdir()) if (cwd / "runs").is_dir() else []
         return (runs[0] if len(runs) == 1 else None), capsys.readouterr().out
 

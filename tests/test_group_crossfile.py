@@ -19,8 +19,10 @@ tensors are float64 and the tolerances tight. Padding tokens carry junk log-prob
 that let padding leak in would fail.
 """
 
+import ast
 import inspect
 import os
+import re
 import subprocess
 import sys
 
@@ -42,7 +44,7 @@ F64 = torch.float64
 
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
 # method. (What is not the method lives once in common/llm.py.)
-SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "reference_scoring", "response_logits",
+SHARED = ["kl_penalty", "reference_model", "reference_scoring", "response_logits",
           "Samples", "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout",
           "score_responses"]
 
@@ -51,6 +53,15 @@ SHARED = ["kl_penalty", "masked_mean_per_response", "reference_model", "referenc
 def test_shared_code_is_identical_in_all_files(name):
     sources = {file: inspect.getsource(getattr(module, name)) for file, module in MODULES.items()}
     assert len(set(sources.values())) == 1, f"{name} differs between files: {sorted(sources)}"
+
+
+@pytest.mark.parametrize("file", MODULES)
+def test_every_function_a_file_defines_is_used_there(file):
+    # a reader meets no definition that the file never calls (gspo.py alone needs a masked mean per response)
+    source = inspect.getsource(MODULES[file])
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            assert len(re.findall(rf"\b{node.name}\b", source)) > 1, f"{file}.py defines {node.name} and never uses it"
 
 
 def test_no_file_redefines_the_shared_plumbing():

@@ -162,13 +162,16 @@ def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(
 
 def test_two_processes_stopped_and_resumed_are_the_uninterrupted_run(torchrun):
     """torchrun, 2 processes: SIGTERM to both after iteration 2, a checkpoint (process 0's weights and Adam, each
-    process's random states), then --resume: every logged number and the final weights equal the straight run's."""
+    process's random states) and exit status 143, then --resume: every logged number and the final weights equal the
+    straight run's."""
     from test_group_runs import scalars, weights
 
     out, _, _ = torchrun
     (straight,) = (out / "resume" / "straight" / "runs").iterdir()
     (resumed,) = (out / "resume" / "stopped" / "runs").iterdir()
     assert sorted(f for f in os.listdir(resumed / "checkpoint-2")) == ["random-0.pt", "random-1.pt", "state.pt"]
+    for rank in (0, 1):  # each stopped process exited with SIGTERM's status, after the checkpoint
+        assert (out / "resume" / f"stopped_exit_rank{rank}.txt").read_text() == "143"
     expected, actual = scalars(straight), scalars(resumed)
     assert {step for _, step in expected} == {0, 1, 2, 3, 4} and actual == expected
     expected_weights, actual_weights = weights(straight), weights(resumed)

@@ -1,6 +1,7 @@
 """Prompts that fit the model (the group files' format_prompts / answer_stop / stop_mask), and a short run of every
 task on a random base model, a random chat model and, where it applies, the embedded model."""
 
+import json
 import os
 import random
 
@@ -93,7 +94,8 @@ def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
     responses = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows])
     for stop in ("\n", "\n\n"):
-        cut = llm.stop_mask(tokenizer, responses, mask, stop)
+        cut, stopped = llm.stop_mask(tokenizer, responses, mask, stop)
+        assert stopped.tolist() == [stop in text for text in texts]
         for row, text, length in zip(rows, texts, cut.sum(dim=1).long().tolist()):
             if stop in text:  # the shortest prefix that holds the stop string, by its definition
                 assert stop in tokenizer.decode(row[:length]) and stop not in tokenizer.decode(row[: length - 1])
@@ -155,7 +157,8 @@ def test_prompts_longer_than_the_model_positions_give_one_clear_line(folders, in
     with pytest.raises(SystemExit) as e:
         in_process("grpo.py", flags)[1]
     message = str(e.value)
-    assert message.startswith("error: prompts of up to ") and "exceed the model's 512 positions" in message, message
+    assert message.startswith("error: the prompt of the question 'Using the numbers ") and " tokens long: with " \
+        "--max-new-tokens 64 it exceeds the model's 512 positions; lower --few-shot" in message, message
 
 
 def test_a_task_of_your_own_and_text_answers_train_end_to_end(tmp_path, in_process):
@@ -173,3 +176,75 @@ def test_a_task_of_your_own_and_text_answers_train_end_to_end(tmp_path, in_proce
     words.write_text("".join(f'{{"question": "{a}+{a}=", "answer": "twice {a}"}}\n' for a in range(10, 50)))
     out = in_process("grpo.py", ["--task", str(words), *flags])[1]
     assert "iteration    2/2" in out and "accuracy 0.000" in out  # digits are never the text "twice 12"
+
+
+class ScriptedModel(torch.nn.Module):
+    """A stand-in for a causal LM in `sample`: every row writes its scripted tokens (after a first token shared by
+    the group, as the prefill gives one distribution per prompt), then `filler` (greedy decoding picks them)."""
+
+    def __init__(self, first: int, rows: list[list[int]], vocab: int, filler: int, eos: int):
+        super().__init__()
+        self.first, self.rows, self.vocab, self.filler, self.step = first, rows, vocab, filler, 0
+        self.generation_config = type("GenerationConfig", (), {"eos_token_id": eos})()
+
+    def forward(self, input_ids, **kwargs):
+        chosen = [self.first] * len(input_ids) if self.step == 0 else [
+            row[self.step - 1] if self.step - 1 < len(row) else self.filler for row in self.rows]
+        self.step += 1
+        logits = torch.nn.functional.one_hot(torch.tensor(chosen), self.vocab).float().unsqueeze(1)
+        cache = type("Cache", (), {"batch_repeat_interleave": lambda self, n: None})()
+        return type("Output", (), {"logits": logits, "past_key_values": cache})()
+
+
+def test_an_answer_that_ends_at_its_stop_string_is_never_truncated(folders):
+    """A base model's answers end at the few-shot stop string ("\\n"): decoding stops once every one has, so the longest
+    answer's stop string sits in the last column. It ended: not truncated, wherever the column. One answer that
+    never writes the stop string within the cap is."""
+    tokenizer = tokenizer_of(folders["gpt2"])
+    task = TASKS["addition"]
+    answers = ["12\n", "1\n", "1234\n", "1444\n"]
+    rows = [tokenizer(answer, add_special_tokens=False)["input_ids"] for answer in answers]
+    cap = max(map(len, rows)) + 1  # the shared first token, then the longest answer fills the cap
+    (space,) = tokenizer(" ", add_special_tokens=False)["input_ids"]
+    (digit,) = tokenizer("7", add_special_tokens=False)["input_ids"]
+    args = grpo.Args(few_shot=3, max_new_tokens=cap, temperature=1.0)
+    assert llm.answer_stop(tokenizer, task, 3) == "\n"
+    model = ScriptedModel(space, rows, len(tokenizer), filler=digit, eos=tokenizer.eos_token_id)
+    samples = grpo.sample(model, tokenizer, task, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
+    texts = llm.decode(tokenizer, samples.responses, samples.mask)
+    assert texts == [" " + answer for answer in answers]
+    assert samples.truncated.tolist() == [False] * 4
+    never_ends = ScriptedModel(space, rows[:3] + [[digit] * cap], len(tokenizer), filler=digit,
+                               eos=tokenizer.eos_token_id)
+    samples = grpo.sample(never_ends, tokenizer, task, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
+    assert samples.truncated.tolist() == [False, False, False, True]
+
+
+def test_every_training_prompt_is_checked_against_the_model_positions(tmp_path, in_process):
+    """A .jsonl task with one training question too long for the embedded model's positions: one line naming it,
+    before any training (the held-out questions alone were checked before)."""
+    task_file = tmp_path / "long.jsonl"
+    short = [{"question": f"{a}+{a}=", "answer": 2 * a} for a in range(1, 200)]
+    long_question = next(q for q in (f"{'1+' * 40}{n}=" for n in range(100))
+                         if get_task_split(q) == "train")
+    task_file.write_text("\n".join(json.dumps(r) for r in short + [{"question": long_question, "answer": 1}]))
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", ["--task", str(task_file), "--num-iterations", "1"])
+    assert str(e.value).startswith(f"error: the prompt of the question {long_question[:57] + '...'!r} is ")
+    assert "exceeds the model's 64 positions" in str(e.value) and "\n" not in str(e.value)
+
+
+def get_task_split(question: str) -> str:
+    from common import tasks
+
+    return "test" if tasks._hash_unit(question) < tasks.TEST_FRACTION else "train"
+
+
+def test_dapo_overlong_buffer_default_follows_a_typed_cap(in_process):
+    """DAPO's L_cache default follows --max-new-tokens: a small cap is not refused for a flag the user never set."""
+    _, out = in_process("dapo", ["--max-new-tokens", "3", "--num-iterations", "1", "--prompts-per-iteration", "2",
+                                 "--group-size", "2", "--num-minibatches", "1", "--eval-size", "4"])
+    assert "default --overlong-buffer 1  (DAPO's L_cache: a fifth of the cap; 3/8 of it for the embedded models)" in out
+    refused = r"^error: --overlong-buffer must be in \[0, max-new-tokens\) = \[0, 3\), got 3"  # typed: refused
+    with pytest.raises(SystemExit, match=refused):
+        in_process("dapo", ["--max-new-tokens", "3", "--overlong-buffer", "3"])

@@ -78,15 +78,120 @@ def test_a_run_stopped_and_resumed_is_the_uninterrupted_run(name, lora, in_proce
 def test_a_resumed_run_keeps_its_flags_refuses_a_changed_one_and_may_be_extended(in_process, stop_after):
     stop_after(1)
     stopped, _ = in_process("dapo", FLAGS + ["--clip-eps-high", "0.3"])
+    assert in_process.exit_code == 143  # SIGTERM's status: a stopped run is not a finished one
     folder = f"runs/{stopped.name}"
     with pytest.raises(SystemExit) as e:
         in_process("dapo", ["--resume", folder, "--clip-eps-high", "0.28"])
     assert str(e.value).startswith("error: --resume: --clip-eps-high 0.28 differs from the run's --clip-eps-high 0.3;")
     assert "\n" not in str(e.value) and "--num-iterations" in str(e.value)
     _, out = in_process("dapo", ["--resume", folder, "--num-iterations", "5"])  # typed: extends the run
-    assert "iteration    5/5" in out and "iteration    2/5" in out
-    with pytest.raises(SystemExit, match=r"^error: --resume runs/nothing: no checkpoint there"):
-        in_process("dapo", ["--resume", "runs/nothing"])
+    assert "iteration    5/5" in out and "iteration    2/5" in out and in_process.exit_code == 0
+
+
+def test_a_finished_run_is_extended_and_says_when_nothing_is_left(in_process):
+    """A finished run with --save-every and --save-model: its last iteration's checkpoint is written, --resume with
+    more iterations trains on and replaces the saved model, and a resume with nothing left says so in one line."""
+    flags = FLAGS[:1] + ["2"] + FLAGS[2:] + ["--save-every", "5"]  # 2 iterations: the last one is checkpointed too
+    run, out = in_process("grpo", flags)
+    assert open(run / "latest").read() == "checkpoint-2" and (run / "model" / "model.safetensors").exists()
+    before = weights(run)
+    _, out = in_process("grpo", ["--resume", f"runs/{run.name}", "--num-iterations", "3"])
+    assert "iteration    3/3" in out and f"saved to runs/{run.name}/model" in out
+    # no model.tmp or model.old left behind
+    assert sorted(f for f in os.listdir(run) if not f.startswith("events")) == ["checkpoint-3", "latest", "model"]
+    assert not all(torch.equal(before[key], value) for key, value in weights(run).items())  # the model replaced
+    _, out = in_process("grpo", ["--resume", f"runs/{run.name}"])
+    assert "nothing left to do: the run has done its 3 iterations" in out and "iteration    " not in out
+    assert in_process.exit_code == 0
+
+
+@pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_during_the_first_evaluation_starts_no_iteration(number, status, in_process, monkeypatch):
+    real = runs.IterationLog.held_out
+
+    def held_out(self, iteration):  # the signal arrives while the starting model is evaluated
+        os.kill(os.getpid(), number)
+        return real(self, iteration)
+    monkeypatch.setattr(runs.IterationLog, "held_out", held_out)
+    run, out = in_process("grpo", FLAGS)
+    assert in_process.exit_code == status
+    assert "iteration    0  held-out" in out and "iteration    1/" not in out
+    assert "stopped before iteration 1; no checkpoint was written, so there is nothing to resume" in out
+    assert not (run / "latest").exists() and not (run / "model").exists()
+
+
+def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs.sys, "argv", ["grpo.py"])
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    os.makedirs("runs/run")
+    checkpoints = runs.Checkpoints("runs/run", None, None, None, None, rank=0)
+    try:
+        checkpoints._ask_to_stop(signal.SIGINT, None)
+        checkpoints.first_signal -= 3  # the second comes later than torchrun's echo of the first
+        with pytest.raises(SystemExit) as e:
+            checkpoints._ask_to_stop(signal.SIGINT, None)
+        assert e.value.code == 130
+        assert "stopped at once during iteration 1, without a checkpoint; no checkpoint was written, so there is " \
+               "nothing to resume" in capsys.readouterr().err
+        (tmp_path / "runs" / "run" / "latest").write_text("checkpoint-1")
+        with pytest.raises(SystemExit):
+            checkpoints._ask_to_stop(signal.SIGINT, None)
+        assert "resume with: python grpo.py --resume runs/run" in capsys.readouterr().err
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+
+
+def test_damaged_missing_moved_and_foreign_checkpoints_are_one_line(in_process, tmp_path, stop_after):
+    stop_after(1)
+    run, _ = in_process("grpo", FLAGS, subdir="a")
+    state = run / "checkpoint-1" / "state.pt"
+    good = state.read_bytes()
+
+    def refusal(name, argv, subdir="a"):
+        with pytest.raises(SystemExit) as e:
+            in_process(name, argv, subdir=subdir)
+        assert "\n" not in str(e.value)
+        return str(e.value)
+
+    # from another folder: the path as given, not runs/<its name>
+    _, out = in_process("grpo", ["--resume", f"../a/runs/{run.name}", "--num-iterations", "2"], subdir="b")
+    assert f"resumed ../a/runs/{run.name} after iteration 1" in out and "iteration    2/2" in out
+    folder = f"runs/{run.name}"
+    assert refusal("dapo", ["--resume", folder]) == (
+        f"error: --resume {folder}: a run of grpo.py, not of dapo.py; resume it with: python grpo.py --resume {folder}")
+    state.write_bytes(good[: len(good) // 2])
+    assert refusal("grpo", ["--resume", folder]) == (
+        f"error: --resume {folder}: {folder}/checkpoint-1/state.pt cannot be read, the checkpoint is damaged "
+        "(RuntimeError)")
+    state.write_bytes(os.urandom(4096))
+    assert refusal("grpo", ["--resume", folder]).startswith(f"error: --resume {folder}: {folder}/checkpoint-1/state.pt "
+                                                            "cannot be read, the checkpoint is damaged (")
+    state.write_bytes(good)
+    (run / "checkpoint-1" / "random-0.pt").write_bytes(b"not a checkpoint")
+    assert "random-0.pt cannot be read, the checkpoint is damaged" in refusal("grpo", ["--resume", folder])
+    (run / "latest").write_text("checkpoint-7")
+    assert refusal("grpo", ["--resume", folder]) == (
+        f"error: --resume {folder}: {folder}/latest names 'checkpoint-7', which is not there (removed or moved?)")
+    assert refusal("grpo", ["--resume", "runs/nothing"]).startswith("error: --resume runs/nothing: no such folder")
+    os.makedirs(tmp_path / "a" / "runs" / "empty")
+    assert refusal("grpo", ["--resume", "runs/empty"]).startswith("error: --resume runs/empty: no checkpoint there")
+
+
+def test_no_evaluation_flag_changes_a_number_of_training(in_process):
+    """Evaluations draw their own random numbers: runs that differ only in when, how many and how often they
+    evaluate train alike, every training number and the final weights equal."""
+    flags = FLAGS[:2] + ["--prompts-per-iteration", "4", "--num-minibatches", "2", "--group-size", "4",
+                         "--save-model"]
+    evaluation = ("charts/accuracy", "charts/greedy_accuracy", "charts/pass@1", "charts/pass@k")
+    settings = [["--eval-every", "2"], ["--eval-every", "3", "--eval-samples", "4"],
+                ["--eval-every", "1", "--eval-size", "5"]]
+    runs_ = [in_process("grpo", flags + extra, subdir=str(index))[0] for index, extra in enumerate(settings)]
+    logged = [{key: value for key, value in scalars(run).items() if key[0] not in evaluation} for run in runs_]
+    assert logged[0] and logged[1] == logged[0] and logged[2] == logged[0]
+    for run in runs_[1:]:
+        assert all(torch.equal(weights(run)[key], value) for key, value in weights(runs_[0]).items())
 
 
 def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in_process, monkeypatch):
@@ -114,7 +219,7 @@ def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in
 
 def test_out_of_gpu_memory_names_the_phase_and_the_flags_that_cut_memory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
     with pytest.raises(SystemExit) as e:
         with log.phase("update"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -129,14 +234,14 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file where the runs folder should be")
     with pytest.raises(SystemExit) as e:
-        runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
     assert str(e.value).startswith("error: cannot write the run's folder runs/run") and "\n" not in str(e.value)
 
 
 def test_a_long_phase_shows_where_it_stands(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "STATUS_EVERY", 0.05)
-    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
     log.begin_iteration(3)
     with log.phase("generate"):
         threading.Event().wait(0.3)
@@ -161,7 +266,7 @@ def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
     # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
     sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     greedy = torch.tensor([[1.0], [0], [0]])
-    log = runs.IterationLog("run", {}, 1, 5, 2, 4, lambda: (sampled, greedy), True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: (sampled, greedy), True, torch.device("cpu"))
     log.begin()
     log.close()
     line = capsys.readouterr().out
@@ -173,17 +278,18 @@ def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)
     args = grpo.Args(model="runs/SmolLM2-135M-Instruct/model.gguf", exp_name="lr1e-5", seed=3)
-    first = runs.name(args, "addition2", "/repo/grpo.py")
-    assert first.startswith("addition2__grpo-lr1e-5__model__3__")  # a .gguf file: its name without the suffix
-    (tmp_path / "runs" / first).mkdir(parents=True)
+    first = runs.folder(args, "addition2", "/repo/grpo.py")
+    assert first.startswith("runs/addition2__grpo-lr1e-5__model__3__")  # a .gguf file: its name without the suffix
+    (tmp_path / first).mkdir(parents=True)
     monkeypatch.setattr(runs.time, "time", lambda: float(first.split("__")[-1]))  # the same second
-    assert runs.name(args, "addition2", "/repo/grpo.py") == first + "-2"
-    assert runs.name(grpo.Args(resume=f"runs/{first}/"), "addition2", "grpo.py") == first
+    assert runs.folder(args, "addition2", "/repo/grpo.py") == first + "-2"
+    assert runs.folder(grpo.Args(resume=f"{first}/"), "addition2", "grpo.py") == first
+    assert runs.folder(grpo.Args(resume=f"../elsewhere/{first}/"), "addition2", "grpo.py") == f"../elsewhere/{first}"
 
 
 def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("run", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
     scalars = {"charts/train_accuracy": 0.0, "charts/response_length": 3.0, "charts/truncated_fraction": 0.75,
                "charts/zero_signal_fraction": 1.0}
     for iteration in range(1, 6):
@@ -192,7 +298,7 @@ def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     log.close()
     out = capsys.readouterr().out
     assert out.count("no sampled response has been right in 3 iterations") == 1 and "truncated 0.75" in out
-    log = runs.IterationLog("run2", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
     for iteration, accuracy in enumerate((0.0, 0.25, 0.0, 0.0, 0.0), start=1):  # right once: no warning later
         log.begin_iteration(iteration)
         log.end_iteration(iteration, {**scalars, "charts/train_accuracy": accuracy}, {"policy_loss": [0.0]}, 1e-3)
@@ -208,7 +314,7 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
         evaluations.append(len(evaluations))
         return torch.tensor([[0.5]]), torch.tensor([[0.75]])
 
-    log = runs.IterationLog("run", {"lr": 1.0}, 1, num_iterations=5, eval_every=2, responses_per_iteration=4,
+    log = runs.IterationLog("runs/run", {"lr": 1.0}, 1, num_iterations=5, eval_every=2, responses_per_iteration=4,
                             evaluate=evaluate, is_main=True, device=torch.device("cpu"))
     log.begin()
     scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,

@@ -9,7 +9,7 @@ import torch
 import tyro
 
 import grpo
-from common import llm
+from common import llm, runs
 from conftest import ROOT
 
 
@@ -178,7 +178,7 @@ def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
 def test_a_value_the_parser_cannot_read_is_one_line_too(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["grpo.py", *argv])
     with pytest.raises(SystemExit) as e:
-        llm.parse_args(grpo.Args)
+        runs.parse_args(grpo.Args)
     assert str(e.value) == message
     assert capsys.readouterr().err == ""  # tyro's box is not shown
 
@@ -190,7 +190,7 @@ def test_help_lists_choices_and_one_line_per_flag(name, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [f"{name}.py", "--help"])
     monkeypatch.setenv("COLUMNS", "250")
     with pytest.raises(SystemExit) as e:
-        llm.parse_args(importlib.import_module(name).Args)
+        runs.parse_args(importlib.import_module(name).Args)
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "--kl-estimator {k1,k2,k3}" in out and "{None}" not in out

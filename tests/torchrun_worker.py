@@ -97,5 +97,11 @@ if __name__ == "__main__":
         if part == "resumed":
             argv = argv + [os.path.join("runs", os.listdir("runs")[0])]
         sys.argv = ["grpo.py", *argv]
-        runpy.run_path(os.path.join(ROOT, "grpo.py"), run_name="__main__")
+        try:
+            runpy.run_path(os.path.join(ROOT, "grpo.py"), run_name="__main__")
+        except SystemExit as e:
+            if part != "stopped" or e.code != 143:  # SIGTERM's exit status, 128 + 15, after the checkpoint
+                raise
+            with open(os.path.join(out, "resume", f"stopped_exit_rank{rank}.txt"), "w") as f:
+                f.write(str(e.code))
         sys.stdout.flush()
