@@ -21,7 +21,7 @@ Compared with its siblings:
   - a2c.py trains actor and critic with one joint loss, one step per short rollout.
 `diff ppo.py trpo.py` shows exactly those differences.
 
-Defaults are tuned for CartPole-v1; the README's table "Flags per environment" gives the others.
+Defaults are tuned for CartPole-v1; the flags for the others: common/results/classic.md#flags-per-environment.
 Run: python trpo.py --help
 """
 
@@ -45,7 +45,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 class Args:
     env_id: str = "CartPole-v1"
     """gymnasium environment id (Discrete or Box action space)"""
-    total_timesteps: int = 200_000
+    total_timesteps: int = 199_680  # 195 whole rollouts of 8 x 128, so the default trains what it says
     """environment steps to train for, summed over all parallel envs (rounded down to whole rollouts)"""
     num_envs: int = 8
     """number of parallel environments (one vectorised env)"""
@@ -263,9 +263,10 @@ class Agent(nn.Module):
 class Adam:
     """Adam (Kingma & Ba, 2015): the update of torch.optim.Adam, written out in a few lines.
 
-    Why not torch.optim? Constructing any torch.optim optimizer imports torch._dynamo, which costs
-    1.2-1.5 s of start-up on a CPU: about as much as importing torch, and a quarter of the time
-    ppo.py needs to solve CartPole. The update is the same (tests/test_classic_losses.py checks it).
+    Why not torch.optim? Constructing any torch.optim optimizer imports torch._dynamo, a start-up cost
+    that is a large share of the time ppo.py needs to solve CartPole (both measured in
+    common/results/classic.md#how-ppopy-solves-cartpole-in-about-3-seconds). The update is the same
+    (tests/test_classic_losses.py checks it).
     """
 
     def __init__(self, params, lr, betas=(0.9, 0.999), eps=1e-5):

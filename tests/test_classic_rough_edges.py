@@ -1,5 +1,5 @@
 """Classic control as a new user meets it: missing env packages, offset Discrete actions, the console,
-the effective number of steps, and loading a saved agent the way common/GUIDE.md shows.
+the effective number of steps (none lost with the defaults), and loading a saved agent the way common/GUIDE.md shows.
 
 Everything runs in-process (a new python process costs seconds): make_envs for the env errors, the
 scripts' main loop through runpy for the rest.
@@ -108,6 +108,17 @@ def test_console_says_the_effective_steps_and_prints_about_once_a_second(name, i
     sps_times = [w for w, _, _ in read_scalars(str(run_dir))["charts/SPS"]]
     wall = max(sps_times) - min(sps_times)
     assert len(progress) <= wall + 2, (len(progress), wall)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_defaults_train_whole_rollouts_so_a_plain_run_prints_no_note(name):
+    # `python ppo.py` is the quick start's first command: it must not warn about its own defaults
+    args = MODULES[name].Args()
+    MODULES[name].check_args(args)
+    batch_size = args.num_envs * args.num_steps
+    whole = args.total_timesteps // batch_size * batch_size
+    assert args.total_timesteps == whole, (f"{name}.py: the default --total-timesteps {args.total_timesteps:,} is not "
+                                           f"a multiple of num_envs*num_steps = {batch_size}: use {whole:,}")
 
 
 # ---------------------------------------------------------------------------------------------

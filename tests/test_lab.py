@@ -150,6 +150,18 @@ def test_arm_flags_replace_the_number_of_iterations():
     assert lab.arm_flags(exp, [])[lab.arm_flags(exp, []).index("--num-iterations") + 1] == "80"
 
 
+def test_a_progress_line_with_an_eta_as_each_run_ends(monkeypatch, capsys):
+    # 12 runs, 2 at a time, 40 s each so far: after the 3rd, 9 are left, 5 rounds of 40 s
+    assert lab.progress_line(3, 12, "grpo", 2, 41, 40.0, 2) == "[lab] run 3/12 done (grpo seed 2) 41s, ETA 3m20s"
+    assert [lab.duration(s) for s in (0, 59.4, 60, 200, 3725)] == ["0s", "59s", "1m00s", "3m20s", "1h02m"]
+    monkeypatch.setattr(lab, "run_one", lambda script, flags, seed, core: ({"charts/reward": [(1, 0.5)]}, 40.0))
+    results, _ = lab.run_experiment("off-policy", [1, 2], parallel=2, cores=[])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "[lab] 6 runs (3 arms x 2 seeds), 2 at a time; a line as each ends"
+    assert [line.split(" (")[0] for line in lines[1:]] == [f"[lab] run {i}/6 done" for i in range(1, 7)]
+    assert lines[-1].endswith("40s, ETA 0s") and [len(runs) for runs in results.values()] == [2, 2, 2]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["length-bias", "--parallel", "0"], "--parallel must be >= 1"),
     (["length-bias", "--num-iterations", "0"], "--num-iterations must be >= 1"),

@@ -16,13 +16,13 @@ hesitates for a random number of dots, so responses are 4 to 48 tokens long, and
 not decide the reward. Each experiment runs algorithm files as subprocesses (`python grpo.py ...`,
 never imported) with 3 seeds, `--parallel` runs at a time (each pinned to one core with
 OMP_NUM_THREADS=1), reads their tensorboard logs, and writes into --out (default runs/lab, so that the committed
-results stay as they are; --update-results writes common/results/lab, the figures the README shows):
+results stay as they are; --update-results writes common/results/lab, the figures common/results/lab.md shows):
   <experiment>.png  the figure: per arm, the median over seeds as a line and the range (min-max) as a band;
                     per-iteration quantities are smoothed with a moving average over SMOOTH iterations;
   <experiment>.md   the command lines and the key numbers (median [min, max] over seeds);
   <experiment>.json the curves, so that `--replot` redraws the figure without running anything.
-The README shows the figures and what they say (section "The lab"); each experiment takes under
-10 minutes on two CPU cores. matplotlib draws the figures (requirements.txt); it is checked before any run.
+common/results/lab.md shows the figures and what they say, and how long each experiment took
+on two CPU cores. matplotlib draws the figures (requirements.txt); it is checked before any run.
 """
 
 import argparse
@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -61,8 +62,8 @@ EXPERIMENTS = {
         "and not under dr_grpo.py (eq. 100) and dapo.py (eq. 102)?",
         # β = 0 for all: a KL penalty would pull the lengths back to the reference and hide the effect.
         # DAPO with one sampling round (dynamic sampling does not touch the loss weights, and it triples the time)
-        # and without its overlong penalty, the one part of its reward that depends on length (it shortens every
-        # response on this model: see the README), so that its loss aggregation is what is compared.
+        # and without its overlong penalty, the one part of its reward that depends on length,
+        # so that its loss aggregation is what is compared.
         [("grpo", "grpo.py", []), ("dr_grpo", "dr_grpo.py", []),
          ("dapo", "dapo.py", ["--max-sampling-rounds", "1", "--overlong-buffer", "0"])],
         ["--num-iterations", "80", "--beta", "0"],
@@ -124,12 +125,32 @@ def arm_flags(exp, extra, num_iterations=None):
     return flags
 
 
+def duration(seconds):
+    """41s, 3m20s, 1h05m: a console duration."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def progress_line(done, total, label, seed, seconds, mean_seconds, parallel):
+    """The line printed as a run ends. The ETA assumes the runs left go `parallel` at a time, each as long as
+    the mean run so far."""
+    rounds_left = -(-(total - done) // parallel)  # ceil
+    return (f"[lab] run {done}/{total} done ({label} seed {seed}) {duration(seconds)}, "
+            f"ETA {duration(rounds_left * mean_seconds)}")
+
+
 def run_experiment(name, seeds, parallel, cores, num_iterations=None):
     """All arms x seeds, `parallel` at a time; {label: [scalars per seed]} and the wall time."""
     exp = EXPERIMENTS[name]
     jobs = [(label, script, arm_flags(exp, extra, num_iterations), seed)
             for label, script, extra in exp.arms for seed in seeds]
     free = list(cores) if cores else [None] * parallel
+    durations = []  # seconds of each finished run, in the order they finished
+    lock = threading.Lock()  # runs finish in several threads: one counts and prints at a time
 
     def work(job):
         label, script, flags, seed = job
@@ -138,9 +159,15 @@ def run_experiment(name, seeds, parallel, cores, num_iterations=None):
             scalars, seconds = run_one(script, flags, seed, core)
         finally:
             free.append(core)
-        print(f"[lab] {label} seed {seed}: {seconds:.0f} s", flush=True)
+        with lock:
+            durations.append(seconds)
+            mean = statistics.fmean(durations)
+            print(progress_line(len(durations), len(jobs), label, seed, seconds, mean, parallel), flush=True)
         return label, scalars
 
+    # Say what is coming: the wait for the first run to end is otherwise a silence.
+    print(f"[lab] {len(jobs)} runs ({len(exp.arms)} arms x {len(seeds)} seeds), {parallel} at a time; "
+          "a line as each ends", flush=True)
     start = time.time()
     results = {label: [] for label, _, _ in exp.arms}
     with ThreadPoolExecutor(max_workers=parallel) as pool:
@@ -370,7 +397,7 @@ def main(argv=None):
                         "give no value to not pin)")
     p.add_argument("--out", default="runs/lab", help="folder of figures and tables")
     p.add_argument("--update-results", action="store_true",
-                   help="write into common/results/lab, the committed figures the README shows (instead of --out)")
+                   help="write into common/results/lab, the committed figures of lab.md (instead of --out)")
     p.add_argument("--replot", action="store_true", help="redraw from <out>/<experiment>.json without running")
     p.add_argument("--num-iterations", type=int, default=None,
                    help="iterations of every run (default: the experiment's own; fewer for a quick look)")

@@ -43,6 +43,7 @@ def sample_rewards(model_path: str, args) -> list[list[float]]:
 
     import grpo
     from common import llm
+    from common.lab.lab import duration
     from common.tasks import EVAL_SEED, get_task
 
     task = get_task(args.task)
@@ -52,14 +53,17 @@ def sample_rewards(model_path: str, args) -> list[list[float]]:
     g = grpo.Args(model=model_path, task=args.task, few_shot=args.few_shot, max_new_tokens=args.max_new_tokens,
                   temperature=1.0)
     torch.manual_seed(args.seed)
-    rewards = []
+    rewards, began = [], time.time()
     for start in range(0, len(questions), args.chunk):
         chunk = questions[start : start + args.chunk]
         samples = grpo.sample(model, tokenizer, task, [q for q, _ in chunk], g, torch.device("cpu"), args.samples)
         texts = llm.decode(tokenizer, samples.responses, samples.mask)
         for i, (_, target) in enumerate(chunk):
             rewards.append([task.reward(text, target) for text in texts[i * args.samples : (i + 1) * args.samples]])
-        print(f"  {model_path}: {len(rewards)}/{len(questions)} questions", flush=True)
+        seconds = time.time() - began
+        eta = seconds / len(rewards) * (len(questions) - len(rewards))  # this model's questions left, at its pace
+        print(f"  {model_path}: {len(rewards)}/{len(questions)} questions {duration(seconds)}, ETA {duration(eta)}",
+              flush=True)
     return rewards
 
 

@@ -5,8 +5,8 @@
     python -m common.tools.benchmark --algos grpo dapo --seeds 1 2 --threshold 0.8 -- --num-iterations 100
 
 Each run is `python <algo>.py --seed N [--env-id ENV] <args after -->`, pinned to one core with
-`taskset -c <core>` (--core, default 0; --no-pin for none) and OMP_NUM_THREADS=1 (the way the README's
-speed figures were measured), in a
+`taskset -c <core>` (--core, default 0; --no-pin for none) and OMP_NUM_THREADS=1 (the way the speed figures of
+common/results/ were measured), in a
 fresh temporary working directory so that its runs/ folder holds exactly one run. Its event file is
 then read back and summarised; seconds are event wall time minus the subprocess launch time, so
 they include Python start-up and imports. Every table also gives each run's wall time and its peak
@@ -70,7 +70,7 @@ GROUP = Family(
 FAMILIES = (CLASSIC, GROUP)
 
 # The classic scripts' flags per environment (their defaults are CartPole-v1's), like rl-zoo's
-# hyperparameter files; --tuned adds them to each run. The README's table "Flags per environment"
+# hyperparameter files; --tuned adds them to each run. common/results/classic.md's table "Flags per environment"
 # shows the same strings and the results they gave.
 TUNED = {
     "CartPole-v1": {"vpg": "", "a2c": "", "trpo": "", "ppo": ""},
