@@ -72,12 +72,12 @@ class Args(llm.ModelArgs):
     # Sampling
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
-    prompts_per_iteration: int = 32
-    """B: prompts per iteration, over all processes; each iteration trains on B * G responses"""
-    num_iterations: int = 150
-    """number of sample-then-update iterations"""
+    prompts_per_iteration: Optional[int] = None
+    """B: prompts per iteration, over all processes (B * G responses); None: 32 (8 for a real model on a CPU)"""
+    num_iterations: Optional[int] = None
+    """number of sample-then-update iterations; None: 150 (24 for a real model on a CPU)"""
     max_new_tokens: Optional[int] = None
-    """response length cap; None: 8 for the embedded models, 256 for a real LLM"""
+    """response length cap; None: 8 for the embedded models, 256 for a real LLM (16 on a CPU)"""
     temperature: float = 1.0
     """sampling temperature; log-probs are computed at the same temperature"""
     # Optimisation
@@ -86,9 +86,9 @@ class Args(llm.ModelArgs):
     num_minibatches: int = 4
     """optimiser steps per epoch; > 1 step per rollout lets the ratio leave 1, so the clip acts"""
     micro_batch_size: Optional[int] = None
-    """responses per forward/backward pass on a process (gradient accumulation); None: the whole minibatch"""
+    """responses per forward/backward pass on a process (gradient accumulation); None: as many as fit in memory"""
     learning_rate: Optional[float] = None
-    """Adam's, decayed linearly to 0; None: 3e-4 for the embedded models, 1e-6 for a real LLM (1e-5 with LoRA)"""
+    """Adam's, decayed linearly to 0; None: 3e-4 for the embedded models; a real LLM: 1e-6 on a GPU, 1e-5 on a CPU"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change
@@ -568,8 +568,10 @@ if __name__ == "__main__":
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
     eval_texts = llm.format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)
-    questions = [p for p, _ in eval_prompts] + llm.training_questions(task)  # all that will be asked, or a sample
-    llm.check_prompt_length(tokenizer, model, task, questions, args.few_shot, args.system_prompt, args.max_new_tokens)
+    prompt_tokens = llm.check_prompt_length(tokenizer, model, task, eval_prompts, args.few_shot, args.system_prompt,
+                                            args.max_new_tokens)  # the longest prompt, held-out or training
+    # --micro-batch-size left unset: as many responses per pass as a memory budget holds; the step is the same
+    defaults += llm.resolve_pass_size(args, model, ref_model, prompt_tokens, device, world_size)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     batch_size = prompts_per_process * args.group_size  # responses per iteration on this process
@@ -580,15 +582,9 @@ if __name__ == "__main__":
         run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
         lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
     )
-    if is_main:
-        num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        print(f"{run_dir}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
-              f"{batch_size * world_size} responses per iteration")
-        for line in defaults + llm.few_shot_line(tokenizer, task, args.few_shot):
-            print(f"default {line}")
-        print(f"the model reads (first held-out prompt): {eval_texts[0]!r}")
-        if args.gradient_checkpointing:  # a checkpointed layer keeps no KV cache to share
-            print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
+    if is_main:  # the run's folder and size, each default chosen and why, what the model reads
+        runs.print_start(run_dir, model, device, world_size, batch_size * world_size,
+                         defaults + llm.few_shot_line(tokenizer, task, args.few_shot), eval_texts[0], args)
     log.begin()
 
     for iteration in range(first_iteration, args.num_iterations + 1):

@@ -42,12 +42,12 @@ class ModelArgs:
     # Model and task
     model: str = "common/models/tiny_model"
     """Hugging Face causal LM: a hub id (e.g. gpt2), a local folder, a .gguf file or a saved run's model folder"""
-    task: str = "addition"
-    """addition, addition2, subtraction, multiplication, countdown, reverse, a .jsonl file or a .py task of yours"""
+    task: Optional[str] = None
+    """addition, addition2, subtraction, multiplication, countdown, reverse, a .jsonl or .py file; None: addition (a real model on a CPU: addition2)"""  # noqa: E501
     eval_task: Optional[str] = None
     """a .jsonl file of held-out questions (a dataset's test file) instead of 10 % of --task's file"""
     few_shot: Optional[int] = None
-    """solved examples before each question; None: the task's for a base model, 0 for a chat or embedded model"""
+    """solved examples before each question; None: the task's for a base model, 0 for a chat or embedded model (3 on a CPU)"""  # noqa: E501
     system_prompt: Optional[str] = None
     """chat models: a system turn before each question (the answer format is stated in the user turn)"""
     # Memory: models that do not fit with full fine-tuning
@@ -58,10 +58,10 @@ class ModelArgs:
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, ~30 % more update time"""
     # Evaluation and bookkeeping
-    eval_every: int = 10
-    """evaluate on the held-out questions every this many iterations (and at the start and the end)"""
+    eval_every: Optional[int] = None
+    """evaluate on the held-out questions every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""  # noqa: E501
     eval_size: Optional[int] = None
-    """held-out questions per evaluation; None: 200 for the embedded models, 100 for a real model"""
+    """held-out questions per evaluation; None: 200 for the embedded models, 100 for a real model (64 on a CPU)"""
     eval_samples: int = 1
     """responses sampled per held-out question; k > 1 also logs pass@1 and pass@k"""
     seed: int = 1
@@ -106,39 +106,46 @@ def is_embedded(model: str) -> bool:
         return False
 
 
-# Defaults that depend on the model's scale: (embedded toy model, real LLM, where the real value comes from).
+# Defaults that depend on the model's scale and on where it runs: (the embedded toy models, a real LLM on a GPU, a real
+# LLM on a CPU, why the GPU value). The embedded models keep the values they were tuned with (common/results/group.md).
+# A real model on a GPU gets a practitioner's values (not measured here: this repo has had no GPU). On a CPU it gets the
+# recipe measured to learn there within minutes (common/results/smollm2.md): a short cap, few prompts, a higher rate.
 SCALE_DEFAULTS = {
-    "learning_rate": (3e-4, 1e-6, "TRL's GRPOConfig and DeepSeekMath's GRPO; with LoRA 1e-5, ~10× full fine-tuning's"),
-    "max_new_tokens": (8, 256, "TRL's GRPOConfig max_completion_length"),
-    "eval_size": (200, 100, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
+    "task": ("addition", "addition", "addition2", "1-3 digit sums"),
+    "prompts_per_iteration": (32, 32, 8, "256 responses an iteration, in 4 optimiser steps"),
+    "num_iterations": (150, 150, 24, "8,192 prompts"),
+    "max_new_tokens": (8, 256, 16, "TRL's GRPOConfig max_completion_length"),
+    "learning_rate": (3e-4, 1e-6, 1e-5, "TRL's GRPOConfig and DeepSeekMath's GRPO"),
+    "eval_every": (10, 10, 6, "an evaluation every 10 iterations"),
+    "eval_size": (200, 100, 64, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
 }
+LORA_LEARNING_RATE = (1e-5, 2e-4)  # a real model's with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
+CPU_RECIPE = "a real model on a CPU: the recipe measured to learn there, common/results/smollm2.md"
 
-# The last default line on a CPU: the values above were measured not to learn there.
-CPU_NOTE = ("values are a GPU's: on a CPU they are too slow and too big for a small model to learn (SmolLM2-135M: "
-            "no update in 21 minutes, then out of 24 GB of memory); what learned there in ~10 minutes: --task "
-            "addition2 --few-shot 3 --max-new-tokens 16 --prompts-per-iteration 8 --learning-rate 1e-5 "
-            "(common/results/smollm2.md)")
+
+def on_gpu(args) -> bool:
+    return args.cuda and torch.cuda.is_available()
 
 
 def resolve_defaults(args) -> list[str]:
     """Fill the scale-dependent fields the user left at None (a typed flag always wins); returns one line per
-    field filled, for the console. The embedded models keep the values they were tuned with.
+    field filled, for the console, with the value and why. The embedded models keep the values they were tuned with.
     A value out of range is left for check_args to refuse in one line."""
-    embedded = is_embedded(args.model)
+    embedded, gpu = is_embedded(args.model), on_gpu(args)
     lines = []
-    for name, (toy, real, source) in SCALE_DEFAULTS.items():
+    for name, (toy, real_gpu, real_cpu, source) in SCALE_DEFAULTS.items():
         if getattr(args, name) is not None:
             continue
-        value = toy if embedded else real
+        value = toy if embedded else real_gpu if gpu else real_cpu
         if name == "learning_rate" and not embedded and args.lora_rank > 0:
-            value = 1e-5
+            value = LORA_LEARNING_RATE[0 if gpu else 1]
         setattr(args, name, value)
-        lines.append(f"--{name.replace('_', '-')} {value}  ({'the embedded models' if embedded else source})")
-    if args.few_shot is None and embedded:
-        args.few_shot = 0  # trained on bare questions; a real model's default depends on its kind (few_shot_line)
-        lines.append("--few-shot 0  (the embedded models)")
-    if lines and not embedded and not (args.cuda and torch.cuda.is_available()):
-        lines.append(CPU_NOTE)  # measured, not guessed: common/results/smollm2.md
+        why = "the embedded models" if embedded else f"a real model on a GPU: {source}" if gpu else CPU_RECIPE
+        lines.append(f"--{name.replace('_', '-')} {value}  ({why})")
+    if args.few_shot is None and (embedded or not gpu):
+        # the embedded models were trained on bare questions; on a CPU the recipe shows a real model 3 solved examples
+        args.few_shot = 0 if embedded else 3
+        lines.append(f"--few-shot {args.few_shot}  ({'the embedded models' if embedded else CPU_RECIPE})")
     return lines
 
 
@@ -340,6 +347,70 @@ def save_model(model, tokenizer, folder: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+# ---------------------------------------------------------------- memory: the responses of one forward/backward pass
+
+# What one response costs in an update pass, measured on SmolLM2-135M (float32, one pass of 8 to 32 responses of 16
+# and 64 tokens; common/results/memory.md): float32 [tokens, vocabulary] arrays alive at the peak (the logits, their
+# gradient, log-softmax's temporaries), and values kept for the backward pass per token, layer and unit of width.
+LOGIT_COPIES = 6
+ACTIVATION_VALUES = 20
+CPU_PASS_BUDGET = 2 * 2**30  # bytes: with the model, Adam and sampling, SmolLM2 stays under 6 GiB on a CPU
+
+
+def response_bytes(response_tokens: int, prompt_tokens: int, group_size: int, config, activation_bytes: int) -> float:
+    """Estimated memory of one response in an update pass: its logits and their copies, and the activations kept of
+    its tokens and of its share of its group's prompt (read once per group)."""
+    width, layers = config.get_text_config().hidden_size, config.get_text_config().num_hidden_layers
+    logits = response_tokens * config.get_text_config().vocab_size * 4 * LOGIT_COPIES
+    tokens = response_tokens + prompt_tokens / group_size
+    return logits + tokens * layers * width * ACTIVATION_VALUES * activation_bytes
+
+
+def training_state_bytes(model, ref_model, world_size: int) -> float:
+    """What training holds on a GPU before any pass: float32 weights, gradients and Adam's two moments of the trained
+    weights (16 bytes each; DDP's gradient buckets add 4), the frozen weights as they are stored, a reference copy."""
+    trained = 16 + (4 if world_size > 1 else 0)
+    state = sum(p.numel() * (trained if p.requires_grad else p.element_size()) for p in model.parameters())
+    if ref_model is not None and ref_model is not model:
+        state += sum(p.numel() * p.element_size() for p in ref_model.parameters())
+    return state
+
+
+def pass_budget(gpu_memory: Optional[int], state_bytes: float) -> float:
+    """Bytes an update pass may take. On a CPU (gpu_memory None) a fixed budget, an eighth of the memory on a small
+    machine. On a GPU, half of what 90 % of the card leaves after the training state: the other half is for
+    sampling, the allocator's slack and what the estimate misses."""
+    if gpu_memory is None:
+        return min(CPU_PASS_BUDGET, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 8)
+    return (0.9 * gpu_memory - state_bytes) / 2
+
+
+def pass_size(minibatch: int, group_size: int, per_response: float, budget: float) -> int:
+    """The most responses per pass whose estimate fits the budget, among the sizes that divide the minibatch (so
+    that every pass is as large): whole groups where one fits, so that a pass reads each prompt once; at least 1."""
+    sizes = [n for n in range(1, minibatch + 1) if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]
+    return max([n for n in sizes if n * per_response <= budget], default=1)
+
+
+def resolve_pass_size(args, model, ref_model, prompt_tokens: int, device, world_size: int) -> list[str]:
+    """--micro-batch-size left unset: the responses per pass that fit the memory budget (the step is the same at any
+    size: gradient accumulation). Returns the console's line, with the arithmetic; none when the flag was typed."""
+    if args.micro_batch_size is not None:
+        return []
+    minibatch = args.prompts_per_iteration // world_size // args.num_minibatches * args.group_size
+    per_response = response_bytes(args.max_new_tokens, prompt_tokens, args.group_size, model.config,
+                                  2 if device.type == "cuda" else 4)
+    if device.type == "cuda":
+        budget = pass_budget(torch.cuda.get_device_properties(device).total_memory,
+                             training_state_bytes(model, ref_model, world_size))
+    else:
+        budget = pass_budget(None, 0.0)
+    args.micro_batch_size = pass_size(minibatch, args.group_size, per_response, budget)
+    return [f"--micro-batch-size {args.micro_batch_size}  (responses per pass: the most of the minibatch of "
+            f"{minibatch} within {budget / 2**30:.1f} GiB, at an estimated {per_response / 2**20:,.0f} MB each for "
+            f"{args.max_new_tokens} + {prompt_tokens}/{args.group_size} tokens; common/results/memory.md)"]
+
+
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
 
 def num_examples(tokenizer, task, few_shot: Optional[int]) -> int:
@@ -455,21 +526,22 @@ def training_questions(task, sample_size: int = 1000) -> list[str]:
     return [question for question, _ in task.prompts(sample_size, random.Random(EVAL_SEED))]
 
 
-def check_prompt_length(tokenizer, model, task, questions: list[str], few_shot: Optional[int],
-                        system_prompt: Optional[str], max_new_tokens: int) -> None:
+def check_prompt_length(tokenizer, model, task, eval_prompts: list[tuple[str, str]], few_shot: Optional[int],
+                        system_prompt: Optional[str], max_new_tokens: int) -> int:
     """One line, before training, when the longest prompt + a response would not fit in the model's positions,
-    naming that question (as the model reads it: with the chat template or the solved examples)."""
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is None:
-        return
+    naming that question; the prompts are the held-out ones and the training ones (training_questions), as the
+    model reads them. Returns the length of the longest, in tokens."""
+    questions = [question for question, _ in eval_prompts] + training_questions(task)
     texts = format_prompts(tokenizer, task, questions, few_shot, system_prompt)
     lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=tokenizer.chat_template is None)["input_ids"]]
     longest = max(range(len(texts)), key=lengths.__getitem__)
-    if lengths[longest] + max_new_tokens > limit:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and lengths[longest] + max_new_tokens > limit:
         question = questions[longest] if len(questions[longest]) <= 60 else questions[longest][:57] + "..."
         raise SystemExit(f"error: the prompt of the question {question!r} is {lengths[longest]} tokens long: with "
                          f"--max-new-tokens {max_new_tokens} it exceeds the model's {limit} positions; lower "
                          "--few-shot or --max-new-tokens, or leave that question out")
+    return lengths[longest]
 
 
 # ---------------------------------------------------------------- several processes (torchrun): data parallel

@@ -119,6 +119,20 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 # ---------------------------------------------------------------- the console, TensorBoard and the evaluations
 
+def print_start(run_dir: str, model, device, world_size: int, responses_per_iteration: int, defaults: list[str],
+                first_prompt: str, args) -> None:
+    """The first lines of a run: its folder and size, each flag left to a default with the value chosen and why,
+    and what the model reads."""
+    num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    print(f"{run_dir}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
+          f"{responses_per_iteration} responses per iteration")
+    for line in defaults:
+        print(f"default {line}")
+    print(f"the model reads (first held-out prompt): {first_prompt!r}")
+    if args.gradient_checkpointing:  # a checkpointed layer keeps no KV cache to share
+        print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
+
+
 OUT_OF_MEMORY = ("error: the GPU ran out of memory in the {phase} phase: lower --micro-batch-size (responses per "
                  "forward pass), add --gradient-checkpointing, train LoRA adapters (--lora-rank 16) or lower "
                  "--max-new-tokens")

@@ -23,12 +23,15 @@ def test_defaults_are_grpo_defaults_and_all_three_variants():
             == ([0], False, None, False, None, []))
 
 
-def test_flags_after_the_separator_are_grpo_flags_for_both_sides():
+def test_flags_after_the_separator_are_grpo_flags_for_both_sides(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = C.parse_args(["--seeds", "1", "--", "--model", "gpt2", "--task", "addition2"])
     assert args.seeds == [1] and args.flags == ["--model", "gpt2", "--task", "addition2"]
     g = C.grpo_args(args.flags, num_iterations=16)  # as grpo.py reads them: its per-model defaults resolved
     assert ((g.model, g.task, g.num_iterations, g.learning_rate, g.max_new_tokens)
-            == ("gpt2", "addition2", 16, 1e-6, 256))
+            == ("gpt2", "addition2", 16, 1e-5, 16))  # a real model on a CPU
     assert C.grpo_args([], seed=2).learning_rate == 3e-4  # the embedded model keeps its own
 
 

@@ -136,7 +136,9 @@ def test_bad_task_and_few_shot_give_one_clear_line(tmp_path):
                           (dict(task=EXAMPLE, eval_task=str(bad)), f"error: {bad}, line 2"),
                           (dict(eval_task=EXAMPLE), "error: --eval-task needs --task to be a .jsonl file")]:
         with pytest.raises(SystemExit) as e:
-            grpo.check_args(grpo.Args(**fields))
+            args = grpo.Args(**fields)
+            llm.resolve_defaults(args)  # as the main block does, before the checks
+            grpo.check_args(args)
         assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
 
 

@@ -372,6 +372,8 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
 )
 def test_bad_new_flags_give_one_clear_line(module, fields, world_size, flag):
     with pytest.raises(SystemExit) as e:
-        module.check_args(module.Args(**fields), world_size=world_size)
+        args = module.Args(**fields)
+        llm.resolve_defaults(args)  # as the main block does, before the checks
+        module.check_args(args, world_size=world_size)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message

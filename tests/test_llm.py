@@ -19,18 +19,24 @@ def resolved(module, **fields):
     return args, llm.resolve_defaults(args)
 
 
-def test_embedded_models_keep_the_values_they_were_tuned_with():
-    for model in ("common/models/tiny_model", "common/models/long_model"):
-        args, lines = resolved(grpo, model=model)
-        assert (args.learning_rate, args.max_new_tokens, args.eval_size, args.few_shot) == (3e-4, 8, 200, 0)
-        assert "--few-shot 0  (the embedded models)" in lines
+def test_embedded_models_keep_the_values_they_were_tuned_with(monkeypatch):
+    for gpu in (False, True):  # wherever they run
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+        for model in ("common/models/tiny_model", "common/models/long_model"):
+            args, lines = resolved(grpo, model=model)
+            assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
+                    args.eval_every, args.eval_size, args.few_shot) == ("addition", 32, 150, 3e-4, 8, 10, 200, 0)
+            assert "--few-shot 0  (the embedded models)" in lines
     assert llm.is_embedded(llm.resolve_model_path("common/models/tiny_model"))  # also as the absolute path
 
 
-def test_a_real_model_gets_real_llm_defaults_and_a_typed_flag_wins():
+def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args, lines = resolved(grpo, model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
-    assert (args.learning_rate, args.max_new_tokens, args.eval_size) == (1e-6, 256, 100)
+    assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
+            args.eval_every, args.eval_size) == ("addition", 32, 150, 1e-6, 256, 10, 100)
     assert args.few_shot is None  # decided by the model's kind once it is loaded: llm.num_examples
+    assert "--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig and DeepSeekMath's GRPO)" in lines
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
     typed, lines = resolved(grpo, model="gpt2", learning_rate=3e-5, max_new_tokens=100)
     assert (typed.learning_rate, typed.max_new_tokens) == (3e-5, 100)
@@ -39,24 +45,72 @@ def test_a_real_model_gets_real_llm_defaults_and_a_typed_flag_wins():
     assert grpo.Args().learning_rate is None  # building Args resolves nothing: the main block's call does
 
 
-def test_on_a_cpu_the_real_model_defaults_say_they_are_a_gpus_with_the_measured_alternative(monkeypatch):
+def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypatch):
+    """The quick start's typed recipe, measured on SmolLM2 (common/results/smollm2.md), is the CPU's default."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    lines = resolved(grpo, model="gpt2")[1]
-    assert lines[-1] == llm.CPU_NOTE and "--learning-rate 1e-5" in llm.CPU_NOTE
-    assert llm.CPU_NOTE not in resolved(grpo, model="common/models/tiny_model")[1]  # the embedded models learn
-    typed = dict(learning_rate=1e-5, max_new_tokens=16, eval_size=64)
-    assert resolved(grpo, model="gpt2", **typed)[1] == []  # nothing left to a default: nothing to warn about
+    args, lines = resolved(grpo, model="gpt2")
+    assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
+            args.eval_every, args.eval_size, args.few_shot) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 3)
+    assert len(lines) == 8 and all(line.endswith(f"({llm.CPU_RECIPE})") for line in lines)
+    assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 2e-4  # measured with LoRA r16
+    assert resolved(grpo, model="gpt2", few_shot=0)[0].few_shot == 0  # typed: wins
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert llm.CPU_NOTE not in resolved(grpo, model="gpt2")[1]  # a GPU: the values are its own
-    assert llm.CPU_NOTE in resolved(grpo, model="gpt2", cuda=False)[1]  # --no-cuda: the CPU again
+    assert resolved(grpo, model="gpt2", cuda=False)[0].max_new_tokens == 16  # --no-cuda: the CPU's
+    assert resolved(grpo, model="gpt2")[0].max_new_tokens == 256
 
 
-def test_the_command_line_resolves_the_same_way():
+def test_the_command_line_resolves_the_same_way(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args = tyro.cli(grpo.Args, args=["--model", "gpt2", "--max-new-tokens", "64"])
     lines = llm.resolve_defaults(args)
     assert (args.learning_rate, args.max_new_tokens) == (1e-6, 64)
-    assert lines[0].startswith("--learning-rate 1e-06  (TRL's GRPOConfig")
+    assert any(line.startswith("--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig") for line in lines)
     grpo.check_args(args)  # resolved values pass the checks
+
+
+class Config:
+    """The sizes response_bytes reads, as a transformers config offers them."""
+
+    def __init__(self, vocab_size, num_hidden_layers, hidden_size):
+        self.vocab_size, self.num_hidden_layers, self.hidden_size = vocab_size, num_hidden_layers, hidden_size
+
+    def get_text_config(self):
+        return self
+
+
+def test_a_response_costs_its_logits_and_activations_by_hand():
+    # 16 response tokens × vocabulary 1,000 × 4 bytes × 6 copies; (16 + 40 / 8) tokens × 2 layers × width 10 × 20 × 4
+    assert llm.response_bytes(16, 40, 8, Config(1000, 2, 10), 4) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 4
+    assert llm.response_bytes(16, 40, 8, Config(1000, 2, 10), 2) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 2
+
+
+@pytest.mark.parametrize("minibatch, group_size, per_response, budget, expected", [
+    (64, 8, 1.0, 64.0, 64),  # everything fits: the whole minibatch in one pass, as before
+    (64, 8, 1.0, 63.0, 32),  # the most whole groups that divide the minibatch and fit
+    (64, 8, 1.0, 20.0, 16),
+    (64, 8, 1.0, 7.0, 4),  # less than a group: a divisor of the minibatch
+    (64, 8, 1.0, 0.5, 1),  # not even one response: one at a time
+    (48, 8, 1.0, 40.0, 24),  # 24 = 3 groups divides 48; 32 would not
+    (12, 6, 1.0, 5.0, 4),
+])
+def test_the_pass_size_is_the_most_that_divides_the_minibatch_and_fits(minibatch, group_size, per_response, budget,
+                                                                        expected):
+    assert llm.pass_size(minibatch, group_size, per_response, budget) == expected
+
+
+def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
+    """SmolLM2's shape, the CPU recipe's minibatch (2 groups of 8 responses of 16 tokens after 158 prompt tokens)
+    fits whole; a GPT-2-124M shape with 256 tokens does not, and its passes are cut to fit."""
+    cpu = torch.device("cpu")
+    args, _ = resolved(grpo, model="gpt2", cuda=False)
+    smollm2 = type("Model", (), {"config": Config(49152, 30, 576)})()
+    line = llm.resolve_pass_size(args, smollm2, None, 158, cpu, world_size=1)
+    assert args.micro_batch_size == 16 and line[0].startswith("--micro-batch-size 16  (responses per pass: the most")
+    args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
+    gpt2 = type("Model", (), {"config": Config(50257, 12, 768)})()
+    llm.resolve_pass_size(args, gpt2, None, 60, cpu, world_size=1)
+    per_response = llm.response_bytes(256, 60, 8, gpt2.config, 4)
+    assert args.micro_batch_size * per_response <= llm.CPU_PASS_BUDGET < 2 * args.micro_batch_size * per_response
 
 
 def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():
@@ -75,7 +129,7 @@ def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_mod
 
 
 def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():
-    args = grpo.Args(model="gpt2", task="no-such-task")  # building Args must not raise
+    args, _ = resolved(grpo, model="gpt2", task="no-such-task")  # resolving the defaults must not raise
     with pytest.raises(SystemExit, match="error: .*no-such-task"):
         grpo.check_args(args)
 

@@ -1,4 +1,5 @@
-"""common/tools/scale.py: its argument checks, and one tiny run that fills a row of the table."""
+"""common/tools/scale.py: the plan (pass sizes by arithmetic), the benchmark's argument checks, and one tiny run that
+fills a row of its table."""
 
 import os
 import subprocess
@@ -10,7 +11,7 @@ from conftest import ROOT
 
 
 def scale(*flags):
-    return subprocess.run([sys.executable, "-m", "common.tools.scale", *flags], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "common.tools.scale", "run", *flags], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -34,3 +35,22 @@ def test_tiny_run_fills_a_row():
     assert cells[6].endswith("%") and 0 < float(cells[6][:-1]) <= 100  # generation's share of the iteration
     assert float(cells[7]) > 0 and cells[8].endswith("GB RSS")
     assert float(cells[9]) == 0.0  # one step per iteration, at ratio 1: nothing clipped on a CPU
+
+
+def test_the_plan_sizes_passes_as_a_run_does():
+    """The plan's rows come from the functions a run calls: SmolLM2 on a CPU keeps its whole minibatch of 16 (the
+    recipe's passes), and no GPU row's estimate exceeds 90 % of the card."""
+    from common import llm
+    from common.tools import scale as tool
+
+    result = subprocess.run([sys.executable, "-m", "common.tools.scale"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(tool.CONFIGS[name][0] for name, *_ in tool.PLAN) and len(rows) == len(tool.PLAN) + 1
+    assert rows["smollm2-135m"][7] == "16 of 16"
+    for name, where, *_ in tool.PLAN:
+        if where != "cpu":
+            assert float(rows[name][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
+    assert llm.pass_size(16, 8, 65 * 2**20, llm.CPU_PASS_BUDGET) == 16

@@ -1,9 +1,15 @@
-"""Scale benchmark: a group script on a randomly initialised model of a real configuration.
+"""Scale: what the defaults choose for a real model's memory, and a benchmark of a group script on a randomly
+initialised model of a real configuration.
 
-    python -m common.tools.scale                                              # GPT-2 124M, the four variants, on CPU
-    python -m common.tools.scale --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
-    python -m common.tools.scale --configs qwen2.5-0.5b qwen2.5-1.5b --script gspo.py \
+    python -m common.tools.scale                         # the plan: pass sizes and memory, by arithmetic, at once
+    python -m common.tools.scale run                     # GPT-2 124M, the four variants, on CPU
+    python -m common.tools.scale run --configs qwen2.5-0.5b --prompts 2 --group-size 4 --max-new-tokens 32
+    python -m common.tools.scale run --configs qwen2.5-0.5b qwen2.5-1.5b --script gspo.py \
         --variants full lora full+bf16-logits --prompts 32 --max-new-tokens 256 --micro-batch-size 32   # on a GPU box
+
+The plan prints, for SmolLM2-135M and a GPT-2-124M shape on a CPU and the README's GPU models on an 80 GB card, the
+responses per forward/backward pass that the defaults choose (common/llm.py: response_bytes, pass_budget, pass_size;
+the same functions a run calls) and the memory that is estimated to need: the training state and one pass.
 
 No weights are downloaded: the model is built from its configuration (the real layer count, widths,
 heads and vocabulary) with random weights, next to a small BPE tokenizer, and saved to a temporary
@@ -50,7 +56,29 @@ CONFIGS = {
                                    num_attention_heads=12, num_key_value_heads=2,
                                    vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
                                    rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-3b": ("qwen2", dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+                                 num_attention_heads=16, num_key_value_heads=2,
+                                 vocab_size=151936, max_position_embeddings=32768, tie_word_embeddings=True,
+                                 rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-7b": ("qwen2", dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                 num_attention_heads=28, num_key_value_heads=4,
+                                 vocab_size=152064, max_position_embeddings=32768, tie_word_embeddings=False,
+                                 rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
+                                   max_position_embeddings=8192, tie_word_embeddings=True)),
 }
+# The plan's rows: (config, where, processes, LoRA rank, beta, prompt tokens). The CPU rows are the no-flag command of a
+# real model (common/llm.py's CPU recipe; SmolLM2's 3-shot chat prompt is 158 tokens, GPT-2's 3-shot text ~60) with
+# every response at the cap, the worst case; the GPU rows are the README's examples, with a chat prompt of ~64 tokens.
+PLAN = [
+    ("smollm2-135m", "cpu", 1, 0, 0.04, 158),
+    ("gpt2-124m", "cpu", 1, 0, 0.04, 60),
+    ("qwen2.5-0.5b", "80 GB GPU", 1, 0, 0.04, 64),
+    ("qwen2.5-3b", "80 GB GPU", 4, 0, 0.0, 64),
+    ("qwen2.5-7b", "80 GB GPU", 1, 16, 0.0, 64),
+]
+GPU_MEMORY = 80 * 10**9
 VARIANTS = {
     "full": [],
     "lora": ["--lora-rank", "16"],
@@ -81,6 +109,42 @@ def build_model(name: str, folder: str) -> None:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters", flush=True)
+
+
+def plan() -> None:
+    """The pass size the defaults choose for each row of PLAN, and the memory estimated for it (no weights: the
+    parameters are counted on the meta device)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from common import llm
+
+    print("| model | where | processes | trained | state per process | per response | budget | pass size | "
+          "estimated peak |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, where, processes, lora_rank, beta, prompt_tokens in PLAN:
+        model_type, fields = CONFIGS[name]
+        config = AutoConfig.for_model(model_type, **fields)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        gpu = where != "cpu"
+        real = {key: values[1 if gpu else 2] for key, values in llm.SCALE_DEFAULTS.items()}
+        parameters = sum(p.numel() for p in model.parameters())
+        frozen_bytes = 2 if gpu else 4  # a GPU stores frozen weights (LoRA's base, the reference) in bfloat16
+        if lora_rank:  # r (in + out) trained values per linear layer of attention and MLP; the base frozen
+            trained = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+                          if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
+            state = trained * (16 + 4 * (processes > 1)) + parameters * frozen_bytes
+        else:
+            state = parameters * (16 + 4 * (processes > 1)) + (parameters * frozen_bytes if beta > 0 else 0)
+        per_response = llm.response_bytes(real["max_new_tokens"], prompt_tokens, 8, config, 2 if gpu else 4)
+        budget = llm.pass_budget(GPU_MEMORY if gpu else None, state)
+        minibatch = real["prompts_per_iteration"] // processes // 4 * 8
+        size = llm.pass_size(minibatch, 8, per_response, budget)
+        print(f"| {name} | {where} | {processes} | {'LoRA r' + str(lora_rank) if lora_rank else 'all'} | "
+              f"{state / 2**30:.1f} GiB | {per_response / 2**20:,.0f} MB ({real['max_new_tokens']} + {prompt_tokens}/8 "
+              f"tokens) | {budget / 2**30:.1f} GiB | {size} of {minibatch} | "
+              f"{(state + size * per_response) / 2**30:.1f} GiB |")
 
 
 def scalars(run_dir: str) -> dict:
@@ -128,6 +192,12 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:2] != ["run"]:
+        if sys.argv[1:] not in ([], ["plan"]):
+            raise SystemExit("error: `python -m common.tools.scale` prints the plan; the benchmark is "
+                             "`python -m common.tools.scale run [flags]` (--help there)")
+        return plan()
+    del sys.argv[1]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["gpt2-124m"], choices=list(CONFIGS), help="default: gpt2-124m")
     parser.add_argument("--variants", nargs="+", default=["full", "lora", "full+gc", "lora+gc"], choices=list(VARIANTS),
