@@ -24,7 +24,7 @@ One iteration: sample B prompts → G responses each from π_θold → rewards �
 under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the loss (several
 steps, so the ratio leaves 1) → log. The G responses of a group share their prompt: it is read once when
 sampling, scoring and updating, and minibatches hold whole groups. The same file runs on several GPUs
-(torchrun, data parallel) and with LoRA: see the README. Sections tagged [METHOD] are where the sibling
+(torchrun, data parallel) and with LoRA: see common/GUIDE.md. Sections tagged [METHOD] are where the sibling
 files differ; those tagged [SHARED] are identical in all five (tests/test_group_crossfile.py keeps them
 so). What is not the method lives in common/: loading a model, prompts and torchrun in common/llm.py;
 logging, evaluations and checkpoints in common/runs.py.
@@ -76,7 +76,7 @@ class Args(llm.ModelArgs):
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change
-    beta: float = 0.04
+    beta: Optional[float] = None
     """β: weight of the KL penalty to the reference model; 0 needs no reference model"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     """per-token KL estimator: k1 = log(π/π_ref), k2 = ½ log²(π/π_ref), k3 = π_ref/π − log(π_ref/π) − 1"""

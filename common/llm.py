@@ -4,12 +4,14 @@ The algorithm files keep the method whole: the math, how responses are sampled f
 scored, the update phase and the main loop. This module holds the rest, once, taking plain values:
 
 1. the flags that are not the method (`ModelArgs`), their checks, and the defaults that depend on
-   the model's scale (an embedded toy model or a real LLM);
+   the model's scale and where it runs (an embedded toy model, a real LLM on a GPU or on a CPU);
 2. loading a model: a hub id (cached, offline errors in one line), a local folder or a .gguf file;
    dropout off; LoRA adapters;
 3. what the model reads and where its answer ends: chat template or few-shot examples, the stop cut;
-4. several processes under torchrun: process group, gradient sync, cross-process means;
-5. the bookkeeping of an iteration: phase timings, TensorBoard tags, the console line, evaluations.
+4. memory: the responses of one forward/backward pass, sized to a budget;
+5. several processes under torchrun: process group, gradient sync, cross-process means;
+6. the statistics of a rollout and the update's minibatches. A run's timings, console, TensorBoard, evaluations
+   and checkpoints are in common/runs.py.
 """
 
 import contextlib
@@ -56,7 +58,7 @@ class ModelArgs:
     lora_alpha: float = 32.0
     """LoRA scale α: the adapter's update is (α / r) B A"""
     gradient_checkpointing: bool = False
-    """recompute activations in the backward pass: less memory, ~30 % more update time"""
+    """recompute activations in the backward pass: less memory, a second forward pass in the update"""
     # Evaluation and bookkeeping
     eval_every: Optional[int] = None
     """evaluate on the held-out questions every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""  # noqa: E501
@@ -118,9 +120,11 @@ SCALE_DEFAULTS = {
     "learning_rate": (3e-4, 1e-6, 1e-5, "TRL's GRPOConfig and DeepSeekMath's GRPO"),
     "eval_every": (10, 10, 6, "an evaluation every 10 iterations"),
     "eval_size": (200, 100, 64, "held-out prompts, sampled and greedy: 200 generations per evaluation"),
+    # left unset only by grpo.py (its siblings' β is 0); on a CPU no reference model is run, as in the recipe
+    "beta": (0.04, 0.04, 0.0, "DeepSeekMath's GRPO"),
 }
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # a real model's with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
-CPU_RECIPE = "a real model on a CPU: the recipe measured to learn there, common/results/smollm2.md"
+CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
 
 
 def on_gpu(args) -> bool:
@@ -134,7 +138,7 @@ def resolve_defaults(args) -> list[str]:
     embedded, gpu = is_embedded(args.model), on_gpu(args)
     lines = []
     for name, (toy, real_gpu, real_cpu, source) in SCALE_DEFAULTS.items():
-        if getattr(args, name) is not None:
+        if getattr(args, name, 0) is not None:
             continue
         value = toy if embedded else real_gpu if gpu else real_cpu
         if name == "learning_rate" and not embedded and args.lora_rank > 0:

@@ -8,6 +8,7 @@ import pytest
 import torch
 import tyro
 
+import dapo
 import grpo
 from common import llm, runs
 from conftest import ROOT
@@ -36,6 +37,7 @@ def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
             args.eval_every, args.eval_size) == ("addition", 32, 150, 1e-6, 256, 10, 100)
     assert args.few_shot is None  # decided by the model's kind once it is loaded: llm.num_examples
+    assert args.beta == 0.04 and resolved(dapo, model="gpt2")[0].beta == 0.0  # the method's own β on a GPU
     assert "--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig and DeepSeekMath's GRPO)" in lines
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
     typed, lines = resolved(grpo, model="gpt2", learning_rate=3e-5, max_new_tokens=100)
@@ -50,8 +52,8 @@ def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args, lines = resolved(grpo, model="gpt2")
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
-            args.eval_every, args.eval_size, args.few_shot) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 3)
-    assert len(lines) == 8 and all(line.endswith(f"({llm.CPU_RECIPE})") for line in lines)
+            args.eval_every, args.eval_size, args.few_shot, args.beta) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 3, 0.0)
+    assert len(lines) == 9 and all(line.endswith(f"({llm.CPU_RECIPE})") for line in lines)
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 2e-4  # measured with LoRA r16
     assert resolved(grpo, model="gpt2", few_shot=0)[0].few_shot == 0  # typed: wins
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
