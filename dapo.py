@@ -40,7 +40,7 @@ One iteration: sample B prompts → G responses each from π_θold → rewards �
 under π_θold and π_ref, without gradients → E epochs of minibatch gradient steps on the loss (several
 steps, so the ratio leaves 1) → log. The G responses of a group share their prompt: it is read once when
 sampling, scoring and updating, and minibatches hold whole groups. The same file runs on several GPUs
-(torchrun, data parallel) and with LoRA: see the README. Sections tagged [METHOD] are where the sibling
+(torchrun, data parallel) and with LoRA: see common/GUIDE.md. Sections tagged [METHOD] are where the sibling
 files differ; those tagged [SHARED] are identical in all five (tests/test_group_crossfile.py keeps them
 so). What is not the method lives in common/: loading a model, prompts and torchrun in common/llm.py;
 logging, evaluations and checkpoints in common/runs.py.
@@ -314,13 +314,14 @@ class Samples(NamedTuple):
 
 
 @torch.no_grad()
-def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy: bool = False,
+def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_samples: int, greedy=False,
            generator: Optional[torch.Generator] = None):
     """num_samples responses to each prompt, drawn token by token from π_θold with a KV cache.
 
     The responses of a group share their prompt, so it is read once: prefill runs each prompt through the
     model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
-    step then runs one new token of every response. `generator`: the random numbers of the draws (None: torch's own).
+    step then runs one new token of every response. `greedy`: True, or [num_samples] flags saying which responses
+    of each prompt take the most likely token instead of a draw. `generator`: the draws' random numbers (None: torch's).
     """
     texts = llm.format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
     stop = llm.answer_stop(tokenizer, task, args.few_shot)
@@ -337,14 +338,15 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     attention_mask = prompt_mask.repeat_interleave(num_samples, dim=0)  # [N, P], then one column per step
     next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(prompts))  # [N]
     tokens, entropies = [], []
     for step in range(args.max_new_tokens):
         # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
         logits = logits / args.temperature
         entropies.append(llm.entropy(logits))
-        probs = torch.softmax(logits, dim=-1)
-        token = logits.argmax(dim=-1) if greedy else torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        draw = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+        token = torch.where(greedy, logits.argmax(dim=-1), draw)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
@@ -371,15 +373,14 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
     model.eval()
     generator = torch.Generator(device).manual_seed(EVAL_SEED)
-    rewards = []
-    for num_samples, greedy in ((args.eval_samples, False), (1, True)):
-        with autocast:
-            samples = sample(model, tokenizer, task, prompts, args, device, num_samples, greedy, generator)
-        texts = llm.decode(tokenizer, samples.responses, samples.mask)
-        graded = [task.reward(text, target)
-                  for text, target in zip(texts, [t for t in targets for _ in range(num_samples)])]
-        rewards.append(torch.tensor(graded).view(len(prompts), num_samples))
-    return rewards[0], rewards[1]
+    # One prefill of each prompt serves both: k sampled responses, then a greedy one (the last of each group).
+    k = args.eval_samples
+    with autocast:
+        samples = sample(model, tokenizer, task, prompts, args, device, k + 1, torch.arange(k + 1) == k, generator)
+    texts = llm.decode(tokenizer, samples.responses, samples.mask)
+    graded = [task.reward(text, target) for text, target in zip(texts, [t for t in targets for _ in range(k + 1)])]
+    rewards = torch.tensor(graded).view(len(prompts), k + 1)
+    return rewards[:, :k], rewards[:, k:]
 
 
 # ---------------------------------------------------------------- [SHARED] log-probs of the sampled tokens
