@@ -249,13 +249,13 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
     eos_ids = torch.tensor(llm.eos_token_ids(model, tokenizer), device=device)
-    # Prefill: each prompt once. Position ids count real tokens only (gpt2 has absolute positions).
-    prefill = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=llm.position_ids(prompt_mask),
-                    use_cache=True, logits_to_keep=1)
-    cache = prefill.past_key_values
-    cache.batch_repeat_interleave(num_samples)  # [B, ...] -> [N, ...]: each prompt's keys and values, G times
+    # Prefill: each prompt once, and the head every prompt shares once for the batch (common/llm.py: read_prompts).
+    prefill, prefill_mask = llm.read_prompts(model, prompt_ids, prompt_mask)
+    # [B, ...] -> [N, ...]: each prompt's keys and values G times, in a cache allocated once for the whole response,
+    # where each decoding step writes its token's keys and values in place (common/llm.py: decoding_cache)
+    cache = llm.decoding_cache(model, prefill.past_key_values, num_samples, args.max_new_tokens)
     logits = prefill.logits[:, -1].float().repeat_interleave(num_samples, dim=0)  # [N, vocab]
-    attention_mask = prompt_mask.repeat_interleave(num_samples, dim=0)  # [N, P], then one column per step
+    attention_mask = prefill_mask.repeat_interleave(num_samples, dim=0)  # [N, cached columns], then one per step
     next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
     greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(prompts))  # [N]
@@ -265,7 +265,7 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
         logits = logits / args.temperature
         entropies.append(llm.entropy(logits))
-        draw = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(1)
+        draw = llm.categorical(logits, generator)  # exact, from one uniform number per response
         token = torch.where(greedy, logits.argmax(dim=-1), draw)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
@@ -322,10 +322,12 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
         prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)
         prompt_ids, prompt_mask = prompt_ids[prompts], prompt_mask[prompts]  # [distinct prompts, P]
         if prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
-            prefix_mask = prompt_mask[:, :-1]
-            cache = model(input_ids=prompt_ids[:, :-1], attention_mask=prefix_mask,
-                          position_ids=llm.position_ids(prefix_mask), use_cache=True, logits_to_keep=1).past_key_values
+            # the head all prompts share runs once for the pass (common/llm.py: read_prompts); the cached columns
+            # are the head, then each prompt's own tail, then its last token, which runs with the response
+            prefill, prefix_mask = llm.read_prompts(model, prompt_ids[:, :-1], prompt_mask[:, :-1])
+            cache = prefill.past_key_values
             cache.reorder_cache(prompt_index)  # [distinct prompts, ...] -> [n, ...]: each response its prompt's copy
+            prompt_mask = F.pad(prefix_mask, (0, 1), value=1)
         input_ids = torch.cat([prompt_ids[prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
     attention_mask = F.pad(prompt_mask[prompt_index], (0, responses.shape[1] - 1), value=1)  # [n, P + T − 1]
     logits = model(
@@ -480,7 +482,8 @@ if __name__ == "__main__":
     ref_model = reference_model(model, args, bf16)
     # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
     train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate)
+    # fused: each step one kernel over all the parameters (CPU and GPU), not a loop of small ones; the same update
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, fused=True)
 
     eval_prompts = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same for every run
     eval_texts = llm.format_prompts(tokenizer, task, [p for p, _ in eval_prompts], args.few_shot, args.system_prompt)

@@ -514,6 +514,72 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
+def categorical(logits: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """One token per row of logits [N, vocab], drawn exactly from softmax(logits) with one uniform number per row:
+    the first token whose cumulative probability exceeds it (the inverse of the distribution function). What
+    torch.multinomial draws, in distribution, without its one exponential number per vocabulary entry, which on a
+    CPU costs more than a decoding step's matrix products (49,152 entries for SmolLM2)."""
+    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [N, vocab], non-decreasing
+    u = torch.rand(len(logits), 1, dtype=torch.float64, device=logits.device, generator=generator) * cdf[:, -1:]
+    # how many bounds are <= u: a token of probability 0 (a bound equal to the one before) is never drawn, and a u
+    # rounded up to the total (one draw in ~2^53) falls to the last token
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+
+
+def shared_head(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
+    """H: how many leading tokens every left-padded prompt of [B, P] shares (a chat template, a system turn, solved
+    examples), at most the shortest prompt's length − 1, so that each prompt keeps a token of its own."""
+    lengths = prompt_mask.sum(dim=1)
+    width = int(lengths.min()) - 1
+    if width <= 0:
+        return 0
+    starts = prompt_ids.shape[1] - lengths  # left padding: prompt b begins at column P − length_b
+    heads = prompt_ids.gather(1, starts.unsqueeze(1) + torch.arange(width, device=prompt_ids.device))  # [B, width]
+    return int((heads == heads[:1]).all(dim=0).int().cumprod(dim=0).sum())
+
+
+def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep: int = 1):
+    """Left-padded prompts [B, P] through the model into a KV cache, the head they all share computed once.
+
+    The H tokens every prompt begins with (shared_head) run as a batch of one; their keys and values are copied B
+    times, and each prompt's own tail continues from them. Exact: every token attends to the keys and values it
+    would see in its whole prompt, at the same positions. The cache's columns then hold the head, then each tail
+    left-padded. Returns the model's output (the cache, the logits of the last `logits_to_keep` positions) and the
+    attention mask of those columns, [B, H + the longest tail].
+    """
+    head = shared_head(prompt_ids, prompt_mask)
+    lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1]
+    width = int(lengths.max()) - head  # the longest tail
+    columns = torch.arange(width, device=prompt_mask.device)
+    tail_mask = (columns >= width - (lengths - head)).to(prompt_mask.dtype)  # [B, width], each tail at the right
+    attention_mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), head), tail_mask], dim=1)
+    cache = None
+    if head > 0:
+        start = prompt_ids.shape[1] - int(lengths[0])
+        head_ids = prompt_ids[:1, start : start + head]  # [1, H]
+        cache = model(input_ids=head_ids, attention_mask=torch.ones_like(head_ids),
+                      position_ids=torch.arange(head, device=head_ids.device).unsqueeze(0), use_cache=True,
+                      logits_to_keep=1).past_key_values
+        cache.batch_repeat_interleave(len(prompt_ids))  # [1, ...] -> [B, ...]
+    output = model(input_ids=prompt_ids[:, prompt_ids.shape[1] - width :], attention_mask=attention_mask,
+                   position_ids=position_ids(attention_mask)[:, head:], past_key_values=cache, use_cache=True,
+                   logits_to_keep=logits_to_keep)
+    return output, attention_mask
+
+
+def decoding_cache(model, prefill_cache, repeats: int, new_tokens: int):
+    """The prefill's keys and values, each row `repeats` times, in a cache allocated once with room for `new_tokens`
+    more columns (transformers' StaticCache): a decoding step writes its token's keys and values in place, where a
+    growing cache (DynamicCache) copies itself whole at every step. Its unwritten columns are masked."""
+    from transformers import StaticCache
+
+    columns = prefill_cache.get_seq_length()
+    cache = StaticCache(config=model.config, max_cache_len=columns + new_tokens)
+    for layer, filled in zip(cache.layers, prefill_cache.layers):
+        layer.update(filled.keys.repeat_interleave(repeats, dim=0), filled.values.repeat_interleave(repeats, dim=0))
+    return cache
+
+
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
     """Stack [n_k, width_k] tensors of several sampling rounds, padding each to the widest one."""
     width = max(t.shape[1] for t in tensors)

@@ -181,20 +181,27 @@ def test_a_task_of_your_own_and_text_answers_train_end_to_end(tmp_path, in_proce
 
 
 class ScriptedModel(torch.nn.Module):
-    """A stand-in for a causal LM in `sample`: every row writes its scripted tokens (after a first token shared by
-    the group, as the prefill gives one distribution per prompt), then `filler` (greedy decoding picks them)."""
+    """A stand-in for a causal LM in `sample`, for one prompt: every row writes its scripted tokens (after a first
+    token shared by the group, as the prefill gives one distribution per prompt), then `filler` (greedy decoding picks
+    them). It keeps no keys and values: its cache is empty, and a one-layer config sizes the decoding cache."""
 
     def __init__(self, first: int, rows: list[list[int]], vocab: int, filler: int, eos: int):
+        from transformers import GPT2Config
+
         super().__init__()
         self.first, self.rows, self.vocab, self.filler, self.step = first, rows, vocab, filler, 0
         self.generation_config = type("GenerationConfig", (), {"eos_token_id": eos})()
+        self.config = GPT2Config(n_layer=1)
 
     def forward(self, input_ids, **kwargs):
-        chosen = [self.first] * len(input_ids) if self.step == 0 else [
-            row[self.step - 1] if self.step - 1 < len(row) else self.filler for row in self.rows]
-        self.step += 1
+        if len(input_ids) == 1:  # the prefill of the one prompt (its head, then its tail)
+            chosen = [self.first]
+        else:  # a decoding step of the group
+            chosen = [row[self.step] if self.step < len(row) else self.filler for row in self.rows]
+            self.step += 1
         logits = torch.nn.functional.one_hot(torch.tensor(chosen), self.vocab).float().unsqueeze(1)
-        cache = type("Cache", (), {"batch_repeat_interleave": lambda self, n: None})()
+        cache = type("Cache", (), {"batch_repeat_interleave": lambda self, n: None, "get_seq_length": lambda self: 0,
+                                   "layers": []})()
         return type("Output", (), {"logits": logits, "past_key_values": cache})()
 
 

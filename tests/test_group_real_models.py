@@ -123,35 +123,102 @@ def test_each_prompt_read_once_gives_the_log_probs_and_gradient_of_prompt_and_re
     assert (shared_grad - plain_grad).norm() / plain_grad.norm() < 1e-5
 
 
-def test_sampling_reads_each_prompt_once_and_draws_what_generate_draws(folders):
-    """sample() prefills each prompt once and copies its keys and values G times; with the same seed it draws the
-    very tokens that Hugging Face's generate() draws with each prompt repeated G times (sampling at temperature
-    0.7, no top-k or top-p), and the prefill runs once per prompt, not once per response."""
+def prompts_with_a_head(pad_id: int, head: str, generator) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Three left-padded prompts of 8, 9 and 10 random tokens whose first tokens are the same: none, one, six, or
+    every token (three equal prompts of 9). Returns ids, mask and how many leading tokens they share."""
+    shared = {"none": 0, "one token": 1, "six tokens": 6, "whole prompts": 9}[head]
+    common = torch.randint(5, 60, (10,), generator=generator)
+    rows = []
+    for i, length in enumerate([9, 9, 9] if head == "whole prompts" else [8, 9, 10]):
+        row = torch.randint(5, 60, (length,), generator=generator)
+        row[:shared] = common[:shared]
+        if shared < length:
+            row[shared] = 60 + i  # the first token of each prompt's own
+        rows.append(row)
+    width = max(len(row) for row in rows)
+    ids = torch.stack([torch.cat([torch.full((width - len(row),), pad_id), row]) for row in rows])
+    mask = torch.stack([torch.cat([torch.zeros(width - len(row)), torch.ones(len(row))]) for row in rows]).long()
+    return ids, mask, shared
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("head", ["none", "one token", "six tokens", "whole prompts"])
+def test_the_head_every_prompt_shares_runs_once_with_the_log_probs_and_gradient_of_each_prompt_whole(arch, head,
+                                                                                                      folders):
+    """The tokens every prompt of a pass begins with run once, as a batch of one, and each prompt's own tail
+    continues from their keys and values (llm.read_prompts). Sampling's prefill gives the last token's logits of
+    each prompt run whole, and scoring and the update the log-probs and gradient of [prompt; response] run whole
+    (share_prompt=False), within 1e-5, whether the prompts share no token, one, six or all of them."""
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    generator = torch.Generator().manual_seed(0)
+    prompt_ids, prompt_mask, shared = prompts_with_a_head(tokenizer.pad_token_id, head, generator)
+    lengths = prompt_mask.sum(1)
+    assert llm.shared_head(prompt_ids, prompt_mask) == min(shared, int(lengths.min()) - 1)
+    model.eval()
+    widths = []
+    hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    with torch.no_grad():
+        prefill, _ = llm.read_prompts(model, prompt_ids, prompt_mask)
+        whole = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=llm.position_ids(prompt_mask))
+    head_tokens = llm.shared_head(prompt_ids, prompt_mask)
+    assert widths[0] == ((1, head_tokens) if head_tokens else prompt_ids.shape)  # the head, once
+    assert (prefill.logits[:, -1] - whole.logits[:, -1]).abs().max() < 1e-5
+    hook.remove()
+
+    model.train()
+    index = torch.tensor([0, 0, 1, 1, 2, 2])  # two responses to each prompt
+    responses = torch.randint(5, 60, (6, 5), generator=generator)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    results = []
+    for share_prompt in (True, False):
+        logits = grpo.response_logits(model, prompt_ids, prompt_mask, index, responses, 0.7, share_prompt)
+        logprobs = grpo.token_logprobs(logits, responses)
+        grads = torch.autograd.grad(-logprobs.mean(), trainable)
+        results.append((logprobs.detach(), torch.cat([g.flatten() for g in grads])))
+    (shared_logprobs, shared_grad), (plain, plain_grad) = results
+    assert (shared_logprobs - plain).abs().max() < 1e-5
+    assert (shared_grad - plain_grad).norm() / plain_grad.norm() < 1e-5
+
+
+def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_policy(folders):
+    """sample() prefills each prompt once, copies its keys and values G times into a cache it writes in place, and
+    then runs one token of every response per step. Greedy, it writes the very tokens Hugging Face's generate()
+    writes with each prompt repeated G times; sampling, the first token is drawn with the probabilities of the
+    model's softmax at the temperature (2.5, to spread them) (a draw of 4,000 responses, each token's frequency within 5 standard
+    deviations of its probability); the entropies logged are those of π_θold at the temperature."""
     tokenizer, model = llm.load_policy("embedded", os.path.join(ROOT, "common", "models", "tiny_model"), CPU)
     prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
     args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=0.7)
     widths = []
     hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
                                            with_kwargs=True)
-    torch.manual_seed(3)
-    samples = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8)
+    greedy = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8, greedy=True)
     hook.remove()
     # prefill [B, P], then [N, 1]
-    assert widths[0] == samples.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])
+    assert widths[0] == greedy.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    torch.manual_seed(3)
     reference = model.generate(input_ids=enc["input_ids"].repeat_interleave(8, 0),
                                attention_mask=enc["attention_mask"].repeat_interleave(8, 0), max_new_tokens=8,
-                               do_sample=True, temperature=0.7, top_k=0, top_p=1.0, pad_token_id=tokenizer.pad_token_id,
+                               do_sample=False, pad_token_id=tokenizer.pad_token_id,
                                eos_token_id=llm.eos_token_ids(model, tokenizer))[:, enc["input_ids"].shape[1] :]
-    assert torch.equal(samples.responses, reference[:, : samples.responses.shape[1]])
+    assert torch.equal(greedy.responses, reference[:, : greedy.responses.shape[1]])
+
+    torch.manual_seed(3)
+    samples = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8)
     assert len(set(map(tuple, samples.responses.tolist()))) > 8  # the draws differ within a group
-    # the entropies logged are those of π_θold at the temperature where each token was drawn
     index = torch.arange(32) // 8
     logits = grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses, 0.7)
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(samples.entropies[samples.mask.bool()], entropy[samples.mask.bool()],
                                atol=1e-4, rtol=1e-4)
+
+    one_token = grpo.Args(max_new_tokens=1, few_shot=0, temperature=2.5)
+    draws = grpo.sample(model, tokenizer, ADDITION, ["123+45="], one_token, CPU, num_samples=4000).responses[:, 0]
+    probs = torch.softmax(logits[8, 0].double() * 0.7 / 2.5, -1)  # prompt 1's first token, at temperature 2.5
+    frequency = torch.bincount(draws, minlength=len(probs)).double() / len(draws)
+    assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / len(draws)).sqrt() + 1e-12).all()
+    assert probs.max() < 0.9, "the draw should be a test of a spread distribution"
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

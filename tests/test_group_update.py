@@ -388,29 +388,38 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
 
 @pytest.mark.parametrize("micro_batch_size", [None, 4])
 @pytest.mark.parametrize("name", list(MODULES))
-def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micro_batch_size):
+def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micro_batch_size, monkeypatch):
     """β = 0: a group whose advantages are all 0 adds nothing to the gradient, so the forward and backward passes
     see only the others, each once per epoch (the step is still the whole batch's: test_group_distributed.py).
-    Each pass reads a group's prompt once, then its responses. With β > 0 the KL term has a gradient on every
-    response: all of them go through."""
+    Each pass reads a group's prompt once (llm.read_prompts), then its responses. With β > 0 the KL term has a
+    gradient on every response: all of them go through."""
     module = MODULES[name]
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model, no_signal=(0, 2))
     signal = {tuple(rollout.responses[i, :-1].tolist()) for i in range(16) if rollout.advantages[i] != 0}
     assert len(signal) == 8  # the two groups with signal, 8 distinct rows
-    seen = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist()),
-                                           with_kwargs=True)
+    width = rollout.responses.shape[1]
+    seen, prompts_read = [], []
+    hook = model.register_forward_pre_hook(
+        lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist() if kwargs["logits_to_keep"] == width else []),
+        with_kwargs=True)
+    read_prompts = llm.read_prompts
+
+    def recording(model, prompt_ids, prompt_mask, logits_to_keep=1):
+        prompts_read.extend(tuple(ids[mask.bool()].tolist()) for ids, mask in zip(prompt_ids, prompt_mask))
+        return read_prompts(model, prompt_ids, prompt_mask, logits_to_keep)
+
+    monkeypatch.setattr(llm, "read_prompts", recording)
     args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
     update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
-    responses = [tuple(ids[1:]) for ids in seen if len(ids) == rollout.responses.shape[1]]  # [last prompt token, y...]
-    prompts = [ids for ids in seen if len(ids) == rollout.prompt_ids.shape[1] - 1]  # each prompt but its last token
+    responses = [tuple(ids[1:]) for ids in seen]  # [last prompt token, y...]
     assert sorted(responses) == sorted(list(signal) * 2)
-    assert len(prompts) == 2 * 2  # two groups with signal, read once per epoch
+    with_signal = {tuple(rollout.prompt_ids[g][rollout.prompt_mask[g].bool()][:-1].tolist()) for g in (1, 3)}
+    assert sorted(prompts_read) == sorted(list(with_signal) * 2)  # two groups with signal, read once per epoch
     seen.clear()
     args = update_args(module, micro_batch_size, beta=0.04, num_minibatches=2, update_epochs=2)
     update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
-    assert len([ids for ids in seen if len(ids) == rollout.responses.shape[1]]) == 2 * 16
+    assert len(seen) == 2 * 16
     hook.remove()
 
 

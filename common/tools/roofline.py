@@ -1,0 +1,194 @@
+"""How far from the hardware each phase of a group-file iteration runs: its FLOPs, its seconds, and their ratio
+against one core's measured float32 matrix-multiply throughput (the roofline of a CPU's compute).
+
+    python -m common.tools.roofline                                     # SmolLM2 (python -m common.models.smollm2)
+    python -m common.tools.roofline --few-shot 0 3 8 --repeats 3
+    python -m common.tools.roofline --model tiny_model --prompts 32 --max-new-tokens 8    # the embedded model
+    python common/tools/roofline.py --root ../old-checkout --adam loop                 # another commit's grpo.py
+
+One iteration of grpo.py, as its main loop runs it, on --prompts questions of --task × --group-size responses:
+generation (grpo.sample), scoring (score_responses: log π_θold, no gradient), and the update (update_policy: every
+pass forward and backward, then Adam's step; the advantages are fixed to ±1 so every group has signal and the work
+does not depend on the rewards drawn). Every phase runs on the same sampled responses.
+
+- FLOPs: the matrix products and attention, counted by torch.utils.flop_counter.FlopCounterMode on one run of the
+  phase (a multiply-add is 2 FLOPs; the backward pass counted as it runs). Elementwise work (softmax, norms, Adam)
+  is not counted: it is what the roofline calls overhead.
+- Seconds: the median of --repeats timed runs, one thread by default.
+- Matmul seconds: the self time of the matrix-product and attention kernels in torch.profiler, on one more run.
+- Peak: the median GFLOP/s of a 1024 × 1024 by 1024 × 1024 float32 matmul on the same threads.
+
+Per phase it prints GFLOP, seconds, GFLOP/s, the share of the peak over the whole phase, the share of the peak
+within the matmul kernels (how well the products themselves run), and the share of the phase's time outside them.
+--root imports grpo.py and common/ from another checkout (run this file by path then), so before and after are
+measured by the same tool; --adam says which of torch's Adam implementations the update steps with.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SMOLLM2 = os.path.join(ROOT, "runs", "SmolLM2-135M-Instruct")
+# torch.profiler's names of the kernels that do the matrix products and attention, forward and backward
+MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=SMOLLM2, help="a model folder, .gguf file or embedded name (default: SmolLM2)")
+    parser.add_argument("--root", default=ROOT, help="the checkout whose grpo.py is measured (default: this one)")
+    parser.add_argument("--task", default="addition2", help="the task whose prompts are formatted (default: addition2)")
+    parser.add_argument("--few-shot", type=int, nargs="+", default=[3], help="solved examples before each question")
+    parser.add_argument("--prompts", type=int, default=8, help="B, prompts of the iteration (default: 8)")
+    parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default: 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="response length cap (default: 16)")
+    parser.add_argument("--micro-batch-size", type=int, default=16, help="responses per pass (default: 16)")
+    parser.add_argument("--num-minibatches", type=int, default=4, help="optimiser steps (default: 4)")
+    parser.add_argument("--adam", choices=("fused", "loop"), default="fused",
+                        help="torch's Adam: fused, or its default on a CPU, a loop over the parameters (default: fused)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per phase (default: 3)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the prompts and of the sampled responses")
+    args = parser.parse_args(argv)
+    for flag, value, least in (("--prompts", args.prompts, 1), ("--group-size", args.group_size, 2),
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--repeats", args.repeats, 1),
+                               ("--threads", args.threads, 1), ("--micro-batch-size", args.micro_batch_size, 1),
+                               ("--num-minibatches", args.num_minibatches, 1)):
+        if value < least:
+            raise SystemExit(f"error: {flag} must be >= {least}, got {value}")
+    if any(k < 0 for k in args.few_shot):
+        raise SystemExit(f"error: --few-shot values must be >= 0, got {args.few_shot}")
+    if args.prompts % args.num_minibatches or (args.prompts // args.num_minibatches * args.group_size
+                                               % args.micro_batch_size):
+        raise SystemExit(f"error: --num-minibatches must divide --prompts, and --micro-batch-size the responses of a "
+                         f"minibatch, got {args.num_minibatches} and {args.micro_batch_size}")
+    if not os.path.isfile(os.path.join(args.root, "grpo.py")):
+        raise SystemExit(f"error: --root {args.root}: no grpo.py there")
+    if args.model == SMOLLM2 and not os.path.isdir(SMOLLM2):
+        raise SystemExit(f"error: no {SMOLLM2}: make it with `python -m common.models.smollm2`, or pass --model")
+    return args
+
+
+def matmul_peak(torch, repeats: int = 7) -> float:
+    """FLOP/s of a large float32 matmul on the current threads: what the kernels can do at best."""
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    a @ b  # warm-up
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        seconds.append(time.perf_counter() - start)
+    return 2 * 1024**3 / statistics.median(seconds)
+
+
+def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
+    """FLOPs, median seconds and matmul-kernel seconds of `run()`, with `reset()` (untimed) after each run."""
+    from torch.profiler import ProfilerActivity, profile
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        run()
+    reset()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        seconds.append(time.perf_counter() - start)
+        reset()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    reset()
+    matmul_us = sum(event.self_cpu_time_total for event in prof.key_averages()
+                    if event.key.startswith(MATMUL_OPS))
+    return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds), "matmul_seconds": matmul_us / 1e6}
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    root = os.path.abspath(args.root)
+    if root != ROOT and "common" in sys.modules:  # run as a module of this checkout: start again as a file, there
+        os.chdir(root)
+        os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *argv])
+    sys.path.insert(0, root)
+    import random
+
+    import torch
+
+    import grpo
+    from common import llm
+    from common.tasks import get_task
+
+    torch.set_num_threads(args.threads)
+    cpu = torch.device("cpu")
+    peak = matmul_peak(torch)
+    tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
+    task = get_task(args.task)
+    questions = [p for p, _ in task.prompts(args.prompts, random.Random(args.seed))]
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5,
+                                 fused=args.adam == "fused", foreach=False)
+    no_autocast = torch.autocast("cpu", enabled=False)
+    print(f"{os.path.basename(os.path.normpath(args.model))}, grpo.py of {root}: {args.prompts} prompts × "
+          f"{args.group_size} responses of up to {args.max_new_tokens} tokens, passes of {args.micro_batch_size}, "
+          f"Adam {args.adam}, {args.threads} thread(s), median of {args.repeats}; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s")
+    print("| few-shot | prompt tokens | response tokens | phase | GFLOP | s | GFLOP/s | of peak | matmuls at | "
+          "outside matmuls |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for few_shot in args.few_shot:
+        g = grpo.Args(model=args.model, task=args.task, few_shot=few_shot, group_size=args.group_size,
+                      max_new_tokens=args.max_new_tokens, temperature=1.0, beta=0.0, learning_rate=1e-5,
+                      prompts_per_iteration=args.prompts, num_minibatches=args.num_minibatches,
+                      micro_batch_size=args.micro_batch_size)
+        # ±1 within each group: every group has signal, so every pass runs whatever the rewards
+        advantages = torch.tensor([1.0, -1.0]).repeat(args.prompts * args.group_size // 2)
+        torch.manual_seed(args.seed)
+        epochs = [llm.draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
+                                       True)]
+        model.eval()
+        samples = grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+        weights = {name: p.detach().clone() for name, p in model.named_parameters()}
+
+        def generate():
+            torch.manual_seed(args.seed)
+            model.eval()
+            grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+
+        def score():
+            return grpo.score_responses(model, None, samples, epochs[0], g, no_autocast)[0]
+
+        old_logprobs = score()
+        rollout = grpo.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages,
+                               old_logprobs, None)
+
+        def update():
+            grpo.update_policy(model, optimizer, rollout, epochs, g, no_autocast)
+
+        @torch.no_grad()
+        def restore():  # the same weights for every run: each update starts where the first did
+            for name, p in model.named_parameters():
+                p.copy_(weights[name])
+
+        prompt_tokens = int(samples.prompt_mask.sum(1).max())
+        response_tokens = int(samples.mask.sum(1).max())
+        phases = {}
+        for name, run, reset in (("generation", generate, None), ("scoring", score, None), ("update", update, restore)):
+            phases[name] = measure(torch, run, args.repeats, reset or (lambda: None))
+            print_row(few_shot, prompt_tokens, response_tokens, name, phases[name], peak)
+        whole = {key: sum(phase[key] for phase in phases.values()) for key in phases["generation"]}
+        print_row(few_shot, prompt_tokens, response_tokens, "iteration", whole, peak)
+
+
+def print_row(few_shot: int, prompt_tokens: int, response_tokens: int, name: str, m: dict, peak: float) -> None:
+    rate = m["flops"] / m["seconds"]
+    in_matmuls = m["flops"] / m["matmul_seconds"] if m["matmul_seconds"] else float("nan")
+    print(f"| {few_shot} | {prompt_tokens} | {response_tokens} | {name} | {m['flops'] / 1e9:.1f} | {m['seconds']:.2f} | "
+          f"{rate / 1e9:.1f} | {rate / peak:.0%} | {in_matmuls / peak:.0%} | "
+          f"{1 - min(m['matmul_seconds'], m['seconds']) / m['seconds']:.0%} |", flush=True)
+
+if __name__ == "__main__":
+    main()
