@@ -220,6 +220,7 @@ class Samples(NamedTuple):
     mask: Tensor  # [N, T] 1 up to and including the end of the answer (EOS, or a base model's stop string)
     truncated: Tensor  # [N] no end within max_new_tokens
     entropies: Tensor  # [N, T] entropy of π_θold where each token was sampled, for logging
+    logprobs: Tensor  # [N, T] log π_θold of each sampled token as the sampler computed it (a cache, token by token)
 
 
 @torch.no_grad()
@@ -227,10 +228,10 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
            generator: Optional[torch.Generator] = None):
     """num_samples responses to each prompt, drawn token by token from π_θold with a KV cache.
 
-    The responses of a group share their prompt, so it is read once: prefill runs each prompt through the
-    model and keeps its keys and values (the cache), the cache is copied num_samples times, and each decoding
-    step then runs one new token of every response. `greedy`: True, or [num_samples] flags saying which responses
-    of each prompt take the most likely token instead of a draw. `generator`: the draws' random numbers (None: torch's).
+    The responses of a group share their prompt, so it is read once: prefill runs each prompt through the model
+    (the head all prompts share, once) and keeps its keys and values, copied num_samples times into a cache that
+    each decoding step, one new token of every response, writes in place. `greedy`: True, or [num_samples] flags
+    saying which responses of each prompt take the most likely token. `generator`: the draws' random numbers.
     """
     texts = llm.format_prompts(tokenizer, task, prompts, args.few_shot, args.system_prompt)
     stop = llm.answer_stop(tokenizer, task, args.few_shot)
@@ -238,17 +239,15 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=tokenizer.chat_template is None)
     prompt_ids, prompt_mask = enc["input_ids"].to(device), enc["attention_mask"].to(device)  # [B, P]
     eos_ids = torch.tensor(llm.eos_token_ids(model, tokenizer), device=device)
-    # Prefill: each prompt once, and the head every prompt shares once for the batch (common/llm.py: read_prompts).
+    # Prefill: each prompt once, the head all prompts share once (common/llm.py: read_prompts, decoding_cache).
     prefill, prefill_mask = llm.read_prompts(model, prompt_ids, prompt_mask)
-    # [B, ...] -> [N, ...]: each prompt's keys and values G times, in a cache allocated once for the whole response,
-    # where each decoding step writes its token's keys and values in place (common/llm.py: decoding_cache)
-    cache = llm.decoding_cache(model, prefill.past_key_values, num_samples, args.max_new_tokens)
+    cache = llm.decoding_cache(model, prefill.past_key_values, num_samples, args.max_new_tokens)  # [B, ..] -> [N, ..]
     logits = prefill.logits[:, -1].float().repeat_interleave(num_samples, dim=0)  # [N, vocab]
     attention_mask = prefill_mask.repeat_interleave(num_samples, dim=0)  # [N, cached columns], then one per step
     next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
     greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(prompts))  # [N]
-    tokens, entropies = [], []
+    tokens, entropies, logprobs = [], [], []
     for step in range(args.max_new_tokens):
         # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
@@ -256,6 +255,7 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
         entropies.append(llm.entropy(logits))
         draw = llm.categorical(logits, generator)  # exact, from one uniform number per response
         token = torch.where(greedy, logits.argmax(dim=-1), draw)
+        logprobs.append(logits.gather(1, token.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1))
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
@@ -271,7 +271,8 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     if stop is not None:  # a base model's answer ends at the stop string (the token that completes it included)
         mask, stopped = llm.stop_mask(tokenizer, responses, mask, stop)
         truncated = truncated & ~stopped  # an answer that ended is not cut short, even in the last column
-    return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1))
+    return Samples(prompt_ids, prompt_mask, responses, mask, truncated, torch.stack(entropies, dim=1),
+                   torch.stack(logprobs, dim=1))
 
 
 @torch.no_grad()
@@ -299,8 +300,8 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
     """Logits of the distributions each response token was sampled from, ÷ temperature, in float32: [n, T, vocab].
 
     Response i answers prompt prompt_index[i] of prompt_ids [B, P]. The responses of a group share their prompt,
-    so it is read once: each distinct prompt but its last token runs through the model, with gradient when
-    training, and leaves its keys and values in a cache; every response attends to its prompt's copy and runs
+    so it is read once: each distinct prompt but its last token runs through the model (the head all share, once),
+    with gradient when training, and leaves its keys and values in a cache; every response attends to its copy and runs
     [last prompt token, y_1 .. y_(T−1)], whose T outputs predict y_1 .. y_T. The same log-probs and gradient as
     [prompt; response] run whole, which is what share_prompt=False does (a checkpointed layer keeps no cache).
     The padding after a response's end needs no mask: causal attention never lets a real token see it.
@@ -311,8 +312,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
         prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)
         prompt_ids, prompt_mask = prompt_ids[prompts], prompt_mask[prompts]  # [distinct prompts, P]
         if prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
-            # the head all prompts share runs once for the pass (common/llm.py: read_prompts); the cached columns
-            # are the head, then each prompt's own tail, then its last token, which runs with the response
+            # cached columns: the shared head, each prompt's own tail (common/llm.py: read_prompts), its last token
             prefill, prefix_mask = llm.read_prompts(model, prompt_ids[:, :-1], prompt_mask[:, :-1])
             cache = prefill.past_key_values
             cache.reorder_cache(prompt_index)  # [distinct prompts, ...] -> [n, ...]: each response its prompt's copy
@@ -483,10 +483,9 @@ if __name__ == "__main__":
     # --save-every and --resume; Ctrl-C or SIGTERM ends the iteration in progress, writes a checkpoint and stops.
     checkpoints = runs.Checkpoints(run_dir, model, optimizer, rng, args, rank)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, every random state
-    log = runs.IterationLog(
-        run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every, batch_size * world_size,
-        lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast), is_main, device,
-    )
+    log = runs.IterationLog(run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every,
+                            batch_size * world_size, is_main, device,
+                            lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast))
     if is_main:  # the run's folder and size, each default chosen and why, what the model reads
         runs.print_start(run_dir, model, device, world_size, batch_size * world_size,
                          defaults + llm.few_shot_line(tokenizer, task, args.few_shot), eval_texts[0], args)
@@ -532,6 +531,7 @@ if __name__ == "__main__":
         # Log: the same tags in every group file, means over all processes; evaluate when due (common/runs.py).
         scalars = llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies,
                                     args.group_size)
+        scalars.update(llm.sampler_gap(samples.logprobs, old_logprobs, samples.mask, epochs[0]))
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
         if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
             break

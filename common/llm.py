@@ -279,6 +279,11 @@ def load_policy(name: str, model_path: str, device, float32_logits: bool = True)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token  # gpt2 has no pad token; the response mask does not rely on it
     tokenizer.padding_side = "left"  # generation appends at the right end of every row
+    if device.type == "cpu":
+        # Grouped-query attention (fewer key/value heads than query heads) in torch's own kernel: on a CPU it takes
+        # the padding mask too, where transformers would otherwise copy every key and value head at every layer of
+        # every decoding step (repeat_kv: 10 % of SmolLM2's sampling). On a GPU a mask would make it the slow kernel.
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
     return tokenizer, model
 
 
@@ -749,3 +754,22 @@ def rollout_stats(rewards: Tensor, accuracies: Tensor, advantages: Tensor, mask:
         "charts/truncated_fraction": truncated.float().mean().item(),
         "losses/entropy": ((entropies * mask).sum() / mask.sum().clamp(min=1)).item(),
     }
+
+
+def sampler_gap(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, first_epoch: list[Minibatch]) -> dict:
+    """How far the policy that sampled is from π_θold as the update scores it: |log π_sampler − log π_θold| over the
+    response tokens scored (those of the first epoch's passes), its mean and its max, over all processes. The same
+    weights, not the same arithmetic: a cache and one token at a time against whole passes, and bfloat16 on a GPU.
+    Logged, not corrected: the figure says whether an importance-sampling correction would be needed."""
+    scored = torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
+    for minibatch in first_epoch:
+        for inds in minibatch.passes:
+            scored[inds] = True
+    tokens = mask * scored.unsqueeze(1)
+    gap = (sampler_logprobs - old_logprobs).abs() * tokens
+    largest = gap.max().reshape(1).double() if gap.numel() else torch.zeros(1, dtype=torch.float64)
+    if torch.distributed.is_initialized():
+        largest = largest.to(collective_device())
+        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+    return {"charts/sampler_gap_mean": global_fraction(gap.sum().item(), tokens.sum().item()),
+            "charts/sampler_gap_max": largest.item()}

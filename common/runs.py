@@ -146,7 +146,7 @@ class IterationLog:
     """
 
     def __init__(self, run_dir: str, hyperparameters: dict, first_iteration: int, num_iterations: int,
-                 eval_every: int, responses_per_iteration: int, evaluate: Callable[[], tuple], is_main: bool, device):
+                 eval_every: int, responses_per_iteration: int, is_main: bool, device, evaluate: Callable[[], tuple]):
         from torch.utils.tensorboard import SummaryWriter
 
         self.first_iteration, self.num_iterations, self.eval_every = first_iteration, num_iterations, eval_every

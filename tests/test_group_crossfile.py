@@ -563,3 +563,25 @@ def test_no_nan_on_edge_cases(name, beta, dtype):
         assert torch.isfinite(loss), (name, loss)
         assert torch.isfinite(grad).all(), (name, grad)
         assert torch.equal(grad * (1 - m), torch.zeros_like(grad))  # padding never gets a gradient
+
+
+def test_every_file_steps_a_fused_adam_which_makes_the_update_of_the_loop():
+    """Each file builds torch's fused Adam (one kernel over all the parameters, on a CPU and a GPU); after 20 steps on
+    the same gradients its weights are those of Adam's loop over the parameters within float32 rounding."""
+    for file in MODULES:
+        source = open(os.path.join(ROOT, f"{file}.py")).read()
+        assert re.search(r"optimizer = torch\.optim\.Adam\([^\n]*fused=True\)", source), file
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(50, 30, generator=generator), torch.randn(30, generator=generator)]
+    fused = [torch.nn.Parameter(w.clone()) for w in weights]
+    loop = [torch.nn.Parameter(w.clone()) for w in weights]
+    optimizers = [torch.optim.Adam(fused, lr=1e-2, fused=True), torch.optim.Adam(loop, lr=1e-2, foreach=False)]
+    for step in range(20):
+        gradients = [torch.randn(w.shape, generator=generator) for w in weights]
+        for params, optimizer in zip((fused, loop), optimizers):
+            for p, g in zip(params, gradients):
+                p.grad = g.clone()
+            optimizer.step()
+    for a, b, w in zip(fused, loop, weights):
+        assert not torch.equal(a, w)  # they moved
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -184,9 +184,10 @@ def test_the_head_every_prompt_shares_runs_once_with_the_log_probs_and_gradient_
 def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_policy(folders):
     """sample() prefills each prompt once, copies its keys and values G times into a cache it writes in place, and
     then runs one token of every response per step. Greedy, it writes the very tokens Hugging Face's generate()
-    writes with each prompt repeated G times; sampling, the first token is drawn with the probabilities of the
-    model's softmax at the temperature (2.5, to spread them) (a draw of 4,000 responses, each token's frequency within 5 standard
-    deviations of its probability); the entropies logged are those of π_θold at the temperature."""
+    writes with each prompt repeated G times. Sampling, the first token is drawn with the probabilities of the
+    model's softmax at the temperature (2.5, to spread them): of 4,000 draws, each token's frequency is within 5
+    standard deviations of its probability. The entropies and log-probs logged are those of π_θold at the
+    temperature."""
     tokenizer, model = llm.load_policy("embedded", os.path.join(ROOT, "common", "models", "tiny_model"), CPU)
     prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
     args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=0.7)
@@ -212,6 +213,9 @@ def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_p
     entropy = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     torch.testing.assert_close(samples.entropies[samples.mask.bool()], entropy[samples.mask.bool()],
                                atol=1e-4, rtol=1e-4)
+    # and the log-probs the sampler logs for the sampler/trainer gap are those the update scores
+    scored = grpo.token_logprobs(logits, samples.responses)
+    torch.testing.assert_close(samples.logprobs[samples.mask.bool()], scored[samples.mask.bool()], atol=1e-5, rtol=0)
 
     one_token = grpo.Args(max_new_tokens=1, few_shot=0, temperature=2.5)
     draws = grpo.sample(model, tokenizer, ADDITION, ["123+45="], one_token, CPU, num_samples=4000).responses[:, 0]
@@ -275,7 +279,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
     # After the step the policy has moved, and π_ref (adapters off) is still exactly the starting model.
     again = rollout_for(grpo, model, ref_model, tokenizer, args)
     assert not torch.allclose(again.old_logprobs, again.ref_logprobs)
-    samples = grpo.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None)
+    samples = grpo.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
     _, ref_after = grpo.score_responses(model, ref_model, samples, one_pass(samples), args,
                                         torch.autocast("cpu", enabled=False))
     torch.testing.assert_close(ref_after, rollout.old_logprobs, atol=1e-6, rtol=0)

@@ -219,7 +219,7 @@ def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in
 
 def test_out_of_gpu_memory_names_the_phase_and_the_flags_that_cut_memory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
     with pytest.raises(SystemExit) as e:
         with log.phase("update"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -234,14 +234,14 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file where the runs folder should be")
     with pytest.raises(SystemExit) as e:
-        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
     assert str(e.value).startswith("error: cannot write the run's folder runs/run") and "\n" not in str(e.value)
 
 
 def test_a_long_phase_shows_where_it_stands(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "STATUS_EVERY", 0.05)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
     log.begin_iteration(3)
     with log.phase("generate"):
         threading.Event().wait(0.3)
@@ -266,7 +266,7 @@ def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
     # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
     sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     greedy = torch.tensor([[1.0], [0], [0]])
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, lambda: (sampled, greedy), True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: (sampled, greedy))
     log.begin()
     log.close()
     line = capsys.readouterr().out
@@ -289,7 +289,7 @@ def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
 
 def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, True, torch.device("cpu"), lambda: None)
     scalars = {"charts/train_accuracy": 0.0, "charts/response_length": 3.0, "charts/truncated_fraction": 0.75,
                "charts/zero_signal_fraction": 1.0}
     for iteration in range(1, 6):
@@ -298,7 +298,7 @@ def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     log.close()
     out = capsys.readouterr().out
     assert out.count("no sampled response has been right in 3 iterations") == 1 and "truncated 0.75" in out
-    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, lambda: None, True, torch.device("cpu"))
+    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, True, torch.device("cpu"), lambda: None)
     for iteration, accuracy in enumerate((0.0, 0.25, 0.0, 0.0, 0.0), start=1):  # right once: no warning later
         log.begin_iteration(iteration)
         log.end_iteration(iteration, {**scalars, "charts/train_accuracy": accuracy}, {"policy_loss": [0.0]}, 1e-3)

@@ -428,7 +428,8 @@ def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micr
 def score(module, model, ref_model, rollout, args):
     """score_responses on the rollout's samples, in the passes of a first epoch drawn as the main loop draws it."""
     samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask,
-                             torch.zeros(len(rollout.responses), dtype=torch.bool), torch.zeros_like(rollout.mask))
+                             torch.zeros(len(rollout.responses), dtype=torch.bool), torch.zeros_like(rollout.mask),
+                             torch.zeros_like(rollout.mask))
     return module.score_responses(model, ref_model, samples, draw_epochs(rollout, args)[0], args, NO_AUTOCAST)
 
 
@@ -631,7 +632,8 @@ def designed_round(module, out, answers, tokenizer, args):
     rows = [ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids in rows]
     responses = torch.tensor(rows, dtype=out.responses.dtype)
     mask, truncated = module.response_mask(responses, torch.tensor([tokenizer.eos_token_id]))
-    return out._replace(responses=responses, mask=mask, truncated=truncated, entropies=torch.zeros_like(mask))
+    return out._replace(responses=responses, mask=mask, truncated=truncated, entropies=torch.zeros_like(mask),
+                        logprobs=torch.zeros_like(mask))
 
 
 def row_keys(samples, group_size):

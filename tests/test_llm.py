@@ -221,6 +221,19 @@ def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_
     assert llm.shared_head(torch.cat([ids, one]), torch.cat([mask, (one != pad).long()])) == 0  # a one-token prompt
 
 
+def test_the_sampler_gap_by_hand_over_the_tokens_scored():
+    """|log π_sampler − log π_θold| over the tokens of the responses some first-epoch pass scored (the others keep
+    old log-probs of 0, unscored), padding excluded: mean and max."""
+    sampler = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0], [-5.0, -5.0, -5.0]])
+    old = torch.tensor([[-1.5, -2.0, -9.0], [-1.0, -0.75, 0.0], [0.0, 0.0, 0.0]])  # row 2 unscored
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])  # row 0's last token is padding
+    first_epoch = [llm.Minibatch(torch.tensor([0, 2]), [torch.tensor([0])]),
+                   llm.Minibatch(torch.tensor([1]), [torch.tensor([1])])]
+    gap = llm.sampler_gap(sampler, old, mask, first_epoch)
+    assert gap["charts/sampler_gap_mean"] == pytest.approx((0.5 + 0 + 0 + 0.25 + 1.0) / 5)
+    assert gap["charts/sampler_gap_max"] == pytest.approx(1.0)
+
+
 def test_entropy_by_hand():
     logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 5.0]],
                            [[1.0, 1.0, 3.0, -2.0], [0.0, 9.0, 0.0, 0.0]]])  # [2, 2, vocab 4]

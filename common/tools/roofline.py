@@ -38,7 +38,7 @@ MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_s
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=SMOLLM2, help="a model folder, .gguf file or embedded name (default: SmolLM2)")
+    parser.add_argument("--model", default=SMOLLM2, help="a model folder or .gguf file (default: SmolLM2)")
     parser.add_argument("--root", default=ROOT, help="the checkout whose grpo.py is measured (default: this one)")
     parser.add_argument("--task", default="addition2", help="the task whose prompts are formatted (default: addition2)")
     parser.add_argument("--few-shot", type=int, nargs="+", default=[3], help="solved examples before each question")
@@ -48,7 +48,7 @@ def parse_args(argv):
     parser.add_argument("--micro-batch-size", type=int, default=16, help="responses per pass (default: 16)")
     parser.add_argument("--num-minibatches", type=int, default=4, help="optimiser steps (default: 4)")
     parser.add_argument("--adam", choices=("fused", "loop"), default="fused",
-                        help="torch's Adam: fused, or its default on a CPU, a loop over the parameters (default: fused)")
+                        help="torch's Adam: fused, or a loop over the parameters, its CPU default (default: fused)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per phase (default: 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the prompts and of the sampled responses")
@@ -104,7 +104,8 @@ def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
     reset()
     matmul_us = sum(event.self_cpu_time_total for event in prof.key_averages()
                     if event.key.startswith(MATMUL_OPS))
-    return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds), "matmul_seconds": matmul_us / 1e6}
+    return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds),
+            "matmul_seconds": matmul_us / 1e6}
 
 
 def main(argv=None) -> None:
@@ -186,7 +187,8 @@ def main(argv=None) -> None:
 def print_row(few_shot: int, prompt_tokens: int, response_tokens: int, name: str, m: dict, peak: float) -> None:
     rate = m["flops"] / m["seconds"]
     in_matmuls = m["flops"] / m["matmul_seconds"] if m["matmul_seconds"] else float("nan")
-    print(f"| {few_shot} | {prompt_tokens} | {response_tokens} | {name} | {m['flops'] / 1e9:.1f} | {m['seconds']:.2f} | "
+    print(f"| {few_shot} | {prompt_tokens} | {response_tokens} | {name} | {m['flops'] / 1e9:.3g} | "
+          f"{m['seconds']:.3g} | "
           f"{rate / 1e9:.1f} | {rate / peak:.0%} | {in_matmuls / peak:.0%} | "
           f"{1 - min(m['matmul_seconds'], m['seconds']) / m['seconds']:.0%} |", flush=True)
 

@@ -1,0 +1,37 @@
+"""common/tools/roofline.py: its argument checks, and on an embedded model that the FLOPs it counts add up: the
+update runs the passes scoring runs, forward and backward (about 3× the forward's FLOPs), the iteration is the sum of
+its phases, and every share of the peak lies between 0 and 1."""
+import pytest
+
+from common.tools import roofline as R
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--group-size", "1"], "error: --group-size must be >= 2, got 1"),
+    (["--repeats", "0"], "error: --repeats must be >= 1, got 0"),
+    (["--few-shot", "-1"], "error: --few-shot values must be >= 0, got [-1]"),
+    (["--prompts", "6"], "error: --num-minibatches must divide --prompts, and --micro-batch-size the responses of a "
+                         "minibatch, got 4 and 16"),
+    (["--root", "common"], "error: --root common: no grpo.py there"),
+])
+def test_bad_arguments_give_one_line(argv, message):
+    with pytest.raises(SystemExit) as e:
+        R.parse_args(["--model", "common/models/tiny_model", *argv])
+    assert str(e.value) == message
+
+
+def test_the_flops_of_the_phases_add_up_on_the_embedded_model(capsys):
+    R.main(["--model", "common/models/long_model", "--task", "reverse", "--few-shot", "1", "--prompts", "4",
+            "--num-minibatches", "2", "--micro-batch-size", "8", "--group-size", "4", "--max-new-tokens", "6",
+            "--repeats", "1"])
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and "---" not in line and not line.startswith("| few-shot")]
+    assert [row[3] for row in rows] == ["generation", "scoring", "update", "iteration"]
+    flops = {row[3]: float(row[4]) for row in rows}
+    seconds = {row[3]: float(row[5]) for row in rows}
+    assert 2.5 < flops["update"] / flops["scoring"] < 3.5  # the same passes, with a backward pass of ~2× the forward
+    assert flops["iteration"] == pytest.approx(flops["generation"] + flops["scoring"] + flops["update"], abs=0.15)
+    assert seconds["iteration"] == pytest.approx(seconds["generation"] + seconds["scoring"] + seconds["update"],
+                                                 rel=0.02)
+    for row in rows:
+        assert 0 < float(row[7].rstrip("%")) <= 100 and 0 <= float(row[9].rstrip("%")) <= 100
