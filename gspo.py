@@ -264,11 +264,10 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     for step in range(args.max_new_tokens):
         # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
-        logits = logits / args.temperature
-        entropies.append(llm.entropy(logits))
-        draw = llm.categorical(logits, generator)  # exact, from one uniform number per response
-        token = torch.where(greedy, logits.argmax(dim=-1), draw)
-        logprobs.append(logits.gather(1, token.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=-1))
+        # (common/llm.py: draw, an exact draw from one uniform number per response; its log-prob; the entropy)
+        token, logprob, entropy = llm.draw(logits / args.temperature, greedy, generator)
+        entropies.append(entropy)
+        logprobs.append(logprob)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if stop is not None:
@@ -316,7 +315,7 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
     so it is read once: each distinct prompt but its last token runs through the model (the head all share, once),
     with gradient when training, and leaves its keys and values in a cache; every response attends to its copy and runs
     [last prompt token, y_1 .. y_(T−1)], whose T outputs predict y_1 .. y_T. The same log-probs and gradient as
-    [prompt; response] run whole, which is what share_prompt=False does (a checkpointed layer keeps no cache).
+    [prompt; response] run whole, which is what share_prompt=False does (see logprobs_of for when).
     The padding after a response's end needs no mask: causal attention never lets a real token see it.
     These logits are the memory peak: score in micro-batches on big vocabularies.
     """
@@ -358,9 +357,11 @@ def token_logprobs(logits: Tensor, tokens: Tensor) -> Tensor:
 
 def logprobs_of(model, batch, inds: Tensor, args: Args, autocast) -> Tensor:
     """log π of the sampled tokens of the responses `inds` of a batch (Samples or Rollout), in one pass: [n, T]."""
+    # a checkpointed layer keeps no cache; FSDP frees a block's weights once its responses' backward pass is done
+    share_prompt = not (args.gradient_checkpointing or args.fsdp)
     with autocast:
         logits = response_logits(model, batch.prompt_ids, batch.prompt_mask, inds // args.group_size,
-                                 batch.responses[inds], args.temperature, not args.gradient_checkpointing)
+                                 batch.responses[inds], args.temperature, share_prompt)
     return token_logprobs(logits, batch.responses[inds])
 
 
@@ -481,8 +482,8 @@ if __name__ == "__main__":
         if bf16:
             llm.frozen_weights_to_bfloat16(model)
     ref_model = reference_model(model, args, bf16)
-    # DDP averages the gradients of the processes in backward(); generation and scoring use the bare model.
-    train_model = torch.nn.parallel.DistributedDataParallel(model) if world_size > 1 else model
+    # Under torchrun, DDP (a copy per process) or --fsdp (the model sharded): common/llm.py, distribute.
+    train_model = llm.distribute(model, args.fsdp, world_size)  # generation and scoring use `model` itself
     # fused: each step one kernel over all the parameters (CPU and GPU), not a loop of small ones; the same update
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, fused=True)
 
@@ -499,7 +500,7 @@ if __name__ == "__main__":
     checkpoints = runs.Checkpoints(run_dir, model, optimizer, rng, args, rank)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, every random state
     log = runs.IterationLog(run_dir, asdict(args), first_iteration, args.num_iterations, args.eval_every,
-                            batch_size * world_size, is_main, device,
+                            batch_size * world_size, is_main, device, lambda: llm.whole_weights(model),
                             lambda: evaluate(model, tokenizer, task, eval_prompts, args, device, autocast))
     if is_main:  # the run's folder and size, each default chosen and why, what the model reads
         runs.print_start(run_dir, model, device, world_size, batch_size * world_size,
@@ -514,7 +515,7 @@ if __name__ == "__main__":
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
 
         # 1-3. Freeze π_θold = π_θ and sample G responses for each of this process's B / N prompts (eq. 94).
-        with log.phase("generate"):
+        with log.phase("generate"), llm.whole_weights(model):  # (--fsdp: gathered once for every step)
             model.eval()
             pairs = task.prompts(prompts_per_process, rng)
             with autocast:
@@ -551,9 +552,8 @@ if __name__ == "__main__":
         if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
             break
 
-    if args.save_model and is_main and not checkpoints.stop_asked:
-        llm.save_model(model, tokenizer, os.path.join(run_dir, "model"))  # replaces the model of a run extended
-        print(f"saved to {os.path.join(run_dir, 'model')}")
+    if args.save_model and not checkpoints.stop_asked:  # replaces the model of a run extended; process 0 writes
+        llm.save_model(model, tokenizer, os.path.join(run_dir, "model"), is_main)
     log.close()
     del train_model  # DDP holds the process group: finish_distributed must drop its last reference
     llm.finish_distributed()  # every process leaves the group together, once process 0 has evaluated and saved

@@ -31,7 +31,7 @@ from torch import Tensor
 from common.tasks import EVAL_SEED, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LOGITS_PER_CHUNK = 2**24  # log-probs and entropies read ~16M logits (64 MB in float32) at a time, not [N, T, vocab]
+LOGITS_PER_CHUNK = 2**24  # log-probs and draws read ~16M logits (64 MB in float32) at a time, not [N, T, vocab]
 
 
 # ---------------------------------------------------------------- the flags that are not the method
@@ -59,6 +59,8 @@ class ModelArgs:
     """LoRA scale α: the adapter's update is (α / r) B A"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, a second forward pass in the update"""
+    fsdp: bool = False
+    """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2), not a copy in each"""
     # Evaluation and bookkeeping
     eval_every: Optional[int] = None
     """evaluate on the held-out questions every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""  # noqa: E501
@@ -164,6 +166,10 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.eval_size is None or args.eval_size >= 1, f"--eval-size must be >= 1, got {args.eval_size}"),
         (args.eval_samples >= 1, f"--eval-samples must be >= 1, got {args.eval_samples}"),
         (args.save_every >= 0, f"--save-every must be >= 0 (0: only when stopped), got {args.save_every}"),
+        (not args.fsdp or int(os.environ.get("WORLD_SIZE", "1")) > 1,
+         "--fsdp shards the model over the processes of torchrun: run it with torchrun --nproc_per_node N (N >= 2)"),
+        (not args.fsdp or args.lora_rank == 0,
+         "--fsdp with --lora-rank: LoRA's trained state is already small; train the adapters with DDP (no --fsdp)"),
     ]
     for ok, message in checks:
         if not ok:
@@ -342,10 +348,22 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted({tokenizer.eos_token_id, *config_eos})
 
 
-def save_model(model, tokenizer, folder: str) -> None:
+def save_model(model, tokenizer, folder: str, is_main: bool = True) -> None:
     """Write to a temporary folder, then put it in place of the folder (a run extended by --resume saves again), so
     an interrupted save never leaves a half-written model: the old one stays whole until the new one is.
-    With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge."""
+    With LoRA this saves the adapter: PeftModel.from_pretrained(base, folder), .merge_and_unload() to merge.
+    Under --fsdp every process sends its shards to process 0, which writes a plain Hugging Face folder."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from transformers import AutoModelForCausalLM
+
+        weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if is_main:
+            whole = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+            whole.load_state_dict(weights)
+            whole.generation_config, model = model.generation_config, whole
+    if not is_main:
+        return
     tmp, old = folder + ".tmp", folder + ".old"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
     model.save_pretrained(tmp)
@@ -354,6 +372,7 @@ def save_model(model, tokenizer, folder: str) -> None:
         os.replace(folder, old)
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
+    print(f"saved to {folder}", flush=True)
 
 
 # ---------------------------------------------------------------- memory: the responses of one forward/backward pass
@@ -519,16 +538,26 @@ def position_ids(attention_mask: Tensor) -> Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def categorical(logits: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
-    """One token per row of logits [N, vocab], drawn exactly from softmax(logits) with one uniform number per row:
-    the first token whose cumulative probability exceeds it (the inverse of the distribution function). What
-    torch.multinomial draws, in distribution, without its one exponential number per vocabulary entry, which on a
-    CPU costs more than a decoding step's matrix products (49,152 entries for SmolLM2)."""
-    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1, dtype=torch.float64)  # [N, vocab], non-decreasing
+def draw(logits: Tensor, greedy: Tensor, generator: Optional[torch.Generator] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """A token for each row of logits [N, vocab] (already ÷ temperature), its log-probability and the row's entropy,
+    from one log-softmax. Rows flagged in `greedy` [N] take the most likely token; the others draw exactly from
+    softmax(logits) with one uniform number each: the first token whose cumulative probability exceeds it (the
+    inverse of the distribution function). That is torch.multinomial's distribution without its one exponential
+    number per vocabulary entry, which on a CPU costs more than a decoding step's matrix products. A few rows at a
+    time, so that the temporaries are [rows, vocab] (LOGITS_PER_CHUNK), not [N, vocab]."""
+    rows = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
+    if len(logits) > rows:
+        parts = [draw(chunk, flags, generator) for chunk, flags in zip(logits.split(rows), greedy.split(rows))]
+        return tuple(torch.cat(part) for part in zip(*parts))
+    log_pi = torch.log_softmax(logits, dim=-1)
+    pi = log_pi.exp()
+    cdf = pi.cumsum(dim=-1, dtype=torch.float64)  # [N, vocab], non-decreasing
     u = torch.rand(len(logits), 1, dtype=torch.float64, device=logits.device, generator=generator) * cdf[:, -1:]
     # how many bounds are <= u: a token of probability 0 (a bound equal to the one before) is never drawn, and a u
     # rounded up to the total (one draw in ~2^53) falls to the last token
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    drawn = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+    token = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    return token, log_pi.gather(1, token.unsqueeze(1)).squeeze(1), torch.special.entr(pi).sum(dim=-1)
 
 
 def shared_head(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
@@ -575,11 +604,15 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep:
 def decoding_cache(model, prefill_cache, repeats: int, new_tokens: int):
     """The prefill's keys and values, each row `repeats` times, in a cache allocated once with room for `new_tokens`
     more columns (transformers' StaticCache): a decoding step writes its token's keys and values in place, where a
-    growing cache (DynamicCache) copies itself whole at every step. Its unwritten columns are masked."""
+    growing cache (DynamicCache) copies itself whole at every step. Its unwritten columns are masked. Under bfloat16
+    autocast (a GPU) a step's keys and values need not have the prefill's dtype, which a StaticCache cannot take in
+    place: there the growing cache promotes them as they come."""
     from transformers import StaticCache
 
-    columns = prefill_cache.get_seq_length()
-    cache = StaticCache(config=model.config, max_cache_len=columns + new_tokens)
+    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
+        prefill_cache.batch_repeat_interleave(repeats)
+        return prefill_cache
+    cache = StaticCache(config=model.config, max_cache_len=prefill_cache.get_seq_length() + new_tokens)
     for layer, filled in zip(cache.layers, prefill_cache.layers):
         layer.update(filled.keys.repeat_interleave(repeats, dim=0), filled.values.repeat_interleave(repeats, dim=0))
     return cache
@@ -656,6 +689,54 @@ def finish_distributed() -> None:
     torch.distributed.destroy_process_group()
 
 
+def distribute(model, fsdp: bool, world_size: int):
+    """The model the update runs. One process: the model. Under torchrun, by default, DDP: a wrapper around a whole
+    copy in every process, which averages the gradients of the processes in backward(). With --fsdp, the model
+    itself, sharded by torch's FSDP2: each decoder block, then the rest (embeddings, final norm, output layer), split
+    over the processes, so that each holds 1/N of the weights, of their gradients and of Adam's state. A pass gathers
+    each block's weights just before it runs and frees them after; backward() gathers them again and reduces each
+    gradient to its shard. The optimiser is built afterwards, on the shards."""
+    if world_size == 1:
+        return model
+    if not fsdp:
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)  # the decoder blocks
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model, reshard_after_forward=False)  # the root's weights: needed again at once, by the backward pass
+    return model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def whole_weights(model):
+    """Sampling and evaluation under --fsdp: every block's weights gathered once, before, and kept until after. A
+    sampler stops when its own responses have ended, after other numbers of steps on each process: gathering block by
+    block at each step, a process would wait in a collective that the others never join. Nothing without --fsdp."""
+    if not is_sharded(model):
+        yield
+        return
+    blocks = [m for m in model.modules() if is_sharded(m) and m is not model]
+    for block in blocks:
+        block.set_reshard_after_forward(False, recurse=False)
+    for block in [model, *blocks]:
+        block.unshard()
+    try:
+        yield
+    finally:
+        for block in [model, *blocks]:
+            block.reshard()
+        for block in blocks:
+            block.set_reshard_after_forward(True, recurse=False)
+
+
 def gradient_sync(model, last: bool):
     """DDP all-reduces gradients in every backward pass;
     within one optimiser step only the last micro-batch needs it."""
@@ -725,17 +806,6 @@ def draw_minibatches(advantages: Tensor, group_size: int, num_minibatches: int, 
 
 
 # ---------------------------------------------------------------- the bookkeeping of an iteration
-
-def entropy(logits: Tensor) -> Tensor:
-    """Entropy of π(· | x, y_<t) at each position, for logging: logsumexp(z) − Σ softmax(z)·z, [...]; a few positions
-    at a time."""
-    flat = logits.reshape(-1, logits.shape[-1])  # [positions, vocab]
-    positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
-    return torch.cat([
-        torch.logsumexp(chunk, dim=-1) - (torch.softmax(chunk, dim=-1) * chunk).sum(-1)
-        for chunk in flat.split(positions)
-    ]).view(logits.shape[:-1])
-
 
 def rollout_stats(rewards: Tensor, accuracies: Tensor, advantages: Tensor, mask: Tensor, truncated: Tensor,
                   entropies: Tensor, group_size: int) -> dict:

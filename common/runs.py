@@ -32,7 +32,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from common.llm import global_mean
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+from common.llm import global_mean, is_sharded
 
 # Flags a resumed run may change (the rest are the run's, or the resumed run would not be the same run).
 MAY_CHANGE_ON_RESUME = ("resume", "num_iterations", "save_every", "eval_every", "eval_size", "eval_samples", "cuda")
@@ -119,6 +122,11 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 # ---------------------------------------------------------------- the console, TensorBoard and the evaluations
 
+def local(p):
+    """A parameter's values on this process: all of them, or under --fsdp its shard."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 def print_start(run_dir: str, model, device, world_size: int, responses_per_iteration: int, defaults: list[str],
                 first_prompt: str, args) -> None:
     """The first lines of a run: its folder and size, each flag left to a default with the value chosen and why,
@@ -126,6 +134,11 @@ def print_start(run_dir: str, model, device, world_size: int, responses_per_iter
     num_trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     print(f"{run_dir}: {num_trainable:,} trained parameters on {world_size} × {device.type}, "
           f"{responses_per_iteration} responses per iteration")
+    weights, trained = (sum(local(p).numel() * p.element_size() for p in model.parameters() if keep(p)) / 2**20
+                        for keep in (lambda p: True, lambda p: p.requires_grad))
+    # Adam keeps two moments of each trained weight; under torchrun DDP every process holds all, --fsdp its shards
+    print(f"each process holds the policy's weights ({weights:,.1f} MB), their gradients ({trained:,.1f} MB) and "
+          f"Adam's state ({2 * trained:,.1f} MB), {weights + 3 * trained:,.1f} MB before any activation")
     for line in defaults:
         print(f"default {line}")
     print(f"the model reads (first held-out prompt): {first_prompt!r}")
@@ -146,11 +159,13 @@ class IterationLog:
     """
 
     def __init__(self, run_dir: str, hyperparameters: dict, first_iteration: int, num_iterations: int,
-                 eval_every: int, responses_per_iteration: int, is_main: bool, device, evaluate: Callable[[], tuple]):
+                 eval_every: int, responses_per_iteration: int, is_main: bool, device, whole_weights: Callable,
+                 evaluate: Callable[[], tuple]):
         from torch.utils.tensorboard import SummaryWriter
 
         self.first_iteration, self.num_iterations, self.eval_every = first_iteration, num_iterations, eval_every
         self.responses, self.evaluate, self.is_main, self.device = responses_per_iteration, evaluate, is_main, device
+        self.whole_weights = whole_weights  # under --fsdp every process gathers the weights for process 0 to evaluate
         self.folder = run_dir
         self.writer = None
         if is_main:
@@ -187,8 +202,10 @@ class IterationLog:
 
     def begin(self) -> None:
         """Before training: evaluate the starting model (x = 0 on every curve); a resumed run did so before."""
-        if self.is_main and self.first_iteration == 1:
-            print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})", flush=True)
+        if self.first_iteration == 1:
+            with self.whole_weights():
+                if self.is_main:
+                    print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})", flush=True)
         self.start = time.time()
 
     def begin_iteration(self, iteration: int) -> None:
@@ -238,13 +255,14 @@ class IterationLog:
         if self.device.type == "cuda":
             logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         logged = {tag: global_mean(value) for tag, value in logged.items()}
+        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
+        with self.whole_weights() if due else contextlib.nullcontext():
+            held_out = f"  {self.held_out(iteration)}" if due and self.is_main else ""
         if not self.is_main:
             return
         self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
         for tag, value in logged.items():
             self.writer.add_scalar(tag, value, iteration)
-        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
-        held_out = f"  {self.held_out(iteration)}" if due else ""
         done = iteration - self.first_iteration + 1
         eta = (time.time() - self.start) / done * (self.num_iterations - iteration)
         # the update's own statistics (the trust region's, the KL): all but its loss and gradient norm
@@ -311,6 +329,10 @@ class Checkpoints:
             return "no checkpoint was written, so there is nothing to resume: start the run again"
         return f"resume with: python {os.path.basename(sys.argv[0])} --resume {self.folder}"
 
+    @staticmethod
+    def processes() -> int:
+        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
     def trained(self) -> dict:
         """The weights training changes (with LoRA, only the adapters), by name."""
         return {name: p.detach() for name, p in self.model.named_parameters() if p.requires_grad}
@@ -318,15 +340,19 @@ class Checkpoints:
     def save(self, iteration: int) -> None:
         """Write checkpoint-{iteration}/ in full, then name it the latest, then remove the older ones."""
         path = os.path.join(self.folder, f"checkpoint-{iteration}")
-        distributed = torch.distributed.is_initialized()
+        distributed, sharded = torch.distributed.is_initialized(), is_sharded(self.model)
         if self.rank == 0:
             shutil.rmtree(path + ".tmp", ignore_errors=True)
             os.makedirs(path + ".tmp")
-            state = dict(iteration=iteration, weights=self.trained(), optimizer=self.optimizer.state_dict(),
-                         args=vars(self.args), method=os.path.basename(sys.argv[0]))
+            state = dict(iteration=iteration, args=vars(self.args), method=os.path.basename(sys.argv[0]),
+                         processes=self.processes(), weights=None if sharded else self.trained(),
+                         optimizer=None if sharded else self.optimizer.state_dict())
             torch.save(state, os.path.join(path + ".tmp", "state.pt"))
         if distributed:
             torch.distributed.barrier()  # the folder exists before the other processes write into it
+        if sharded:  # --fsdp: each process writes its shards of the weights and of Adam's state
+            weights, optimizer = get_state_dict(self.model, self.optimizer)
+            dcp.save({"weights": weights, "optimizer": optimizer}, checkpoint_id=os.path.join(path + ".tmp", "shards"))
         randoms = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
                        sampler=self.sampler.getstate())
@@ -342,7 +368,8 @@ class Checkpoints:
             for old in os.listdir(self.folder):
                 if old.startswith("checkpoint-") and old != os.path.basename(path):
                     shutil.rmtree(os.path.join(self.folder, old))
-            size = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)) / 2**20
+            size = sum(os.path.getsize(os.path.join(parent, f)) for parent, _, files in os.walk(path) for f in files)
+            size /= 2**20
             print(f"checkpoint of iteration {iteration}: {path} ({size:,.0f} MB)", flush=True)
 
     def restore(self) -> int:
@@ -350,10 +377,18 @@ class Checkpoints:
         first iteration still to run."""
         path = os.path.join(self.folder, latest_checkpoint(self.folder))
         state = load(self.folder, os.path.join(path, "state.pt"))
-        with torch.no_grad():
-            for name, weight in self.trained().items():
-                weight.copy_(state["weights"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("processes", self.processes()) != self.processes():
+            raise SystemExit(f"error: --resume {self.folder}: a run of {state['processes']} processes, here "
+                             f"{self.processes()}; resume it with torchrun --nproc_per_node {state['processes']}")
+        if is_sharded(self.model):
+            weights, optimizer = get_state_dict(self.model, self.optimizer)
+            dcp.load({"weights": weights, "optimizer": optimizer}, checkpoint_id=os.path.join(path, "shards"))
+            set_state_dict(self.model, self.optimizer, model_state_dict=weights, optim_state_dict=optimizer)
+        else:
+            with torch.no_grad():
+                for name, weight in self.trained().items():
+                    weight.copy_(state["weights"][name])
+            self.optimizer.load_state_dict(state["optimizer"])
         random_file = os.path.join(path, f"random-{self.rank}.pt")
         if not os.path.exists(random_file):
             raise SystemExit(f"error: --resume {self.folder}: {random_file} is missing (was the run on as many "

@@ -17,12 +17,14 @@ import gspo
 import sapo
 from common import llm
 from fixed_rollouts import draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
+from common.tasks import TASKS
 from hub_like_models import make_model_folder
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 CPU = torch.device("cpu")
 BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
 ARCHITECTURES = ["gpt2", "llama", "qwen2"]
+TASK = TASKS["addition"]
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,8 @@ def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(fo
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch):
-    """A few positions at a time (here 5, 10, or all) gives what the formulas give on the whole [N, T, vocab]."""
+    """A few positions at a time (here 5, 10, or all) gives what the formulas give on the whole [N, T, vocab]: the
+    log-probs of the update, and the draw's log-probs and entropies (the same tokens, whatever the chunks)."""
     module = MODULES[name]
     generator = torch.Generator().manual_seed(0)
     logits = 4 * torch.randn(6, 5, 50, generator=generator)
@@ -163,10 +166,16 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
     whole_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     probs = torch.softmax(logits, dim=-1)
     whole_entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
+    draws = []
     for per_chunk in (3 * 50, 5 * 50, 2 * 5 * 50, 10**9):  # 5 positions (a row), 10 (two rows), everything at once
         monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", per_chunk)
         torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
-        torch.testing.assert_close(llm.entropy(logits), whole_entropy, rtol=0, atol=1e-5)
+        flat, no_greedy = logits.view(-1, 50), torch.zeros(30, dtype=torch.bool)
+        token, logprob, entropy = llm.draw(flat, no_greedy, torch.Generator().manual_seed(1))
+        torch.testing.assert_close(entropy, whole_entropy.view(-1), rtol=0, atol=1e-5)
+        torch.testing.assert_close(logprob, torch.log_softmax(flat, -1)[torch.arange(30), token], rtol=0, atol=1e-5)
+        draws.append(token)
+    assert all(torch.equal(d, draws[0]) for d in draws)  # the same random numbers in the same order, any chunks
     monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
     monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 10**9)
@@ -213,3 +222,22 @@ def test_old_logprobs_are_scored_in_the_passes_of_the_first_epoch(name, micro_ba
                          torch.autocast("cpu", enabled=False))
     assert scoring == calls and len(calls) >= 2
     assert sum(len(index) for index, _ in scoring) == 12  # the group without signal is neither scored nor run
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_sampling_runs_under_autocast_and_its_log_probs_are_the_updates_within_bfloat16(arch, folders):
+    """The GPU's sampling path: prefill and decoding under bfloat16 autocast (a step's keys and values may come in
+    another dtype than the prefill's; the decoding cache takes them), with the sampler's log-probs those the update
+    scores under the same autocast up to bfloat16 rounding (the sampler/trainer gap: its mean well under 0.1)."""
+    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    args = grpo.Args(max_new_tokens=6, few_shot=0, temperature=1.0)
+    torch.manual_seed(0)
+    with BF16:
+        samples = grpo.sample(model, tokenizer, TASK, ["7+5=", "123+45=", "9="], args, CPU, num_samples=4)
+    assert samples.responses.shape[0] == 12
+    index = torch.arange(12) // 4
+    with torch.no_grad(), BF16:
+        logits = grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses, 1.0)
+    scored = grpo.token_logprobs(logits, samples.responses)
+    gap = (samples.logprobs - scored)[samples.mask.bool()].abs()
+    assert gap.mean() < 0.1 and torch.isfinite(gap).all()

@@ -5,7 +5,9 @@ checkpoint interrupted while written leaves the previous one whole; one-line err
 unwritable folder, no checkpoint); the status line of a long phase; pass@k; the run's name; the warning when
 nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
 
+import contextlib
 import os
+import re
 import signal
 import threading
 
@@ -14,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from common import runs
-from conftest import GROUP
+from conftest import GROUP, ROOT
 
 FLAGS = ["--num-iterations", "4", "--eval-every", "2", "--eval-size", "8", "--prompts-per-iteration", "4",
          "--num-minibatches", "2", "--group-size", "4", "--save-model", "--beta", "0.01"]
@@ -219,7 +221,7 @@ def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in
 
 def test_out_of_gpu_memory_names_the_phase_and_the_flags_that_cut_memory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
     with pytest.raises(SystemExit) as e:
         with log.phase("update"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -234,14 +236,14 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file where the runs folder should be")
     with pytest.raises(SystemExit) as e:
-        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
+        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
     assert str(e.value).startswith("error: cannot write the run's folder runs/run") and "\n" not in str(e.value)
 
 
 def test_a_long_phase_shows_where_it_stands(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "STATUS_EVERY", 0.05)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: None)
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
     log.begin_iteration(3)
     with log.phase("generate"):
         threading.Event().wait(0.3)
@@ -266,7 +268,8 @@ def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
     # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
     sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     greedy = torch.tensor([[1.0], [0], [0]])
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), lambda: (sampled, greedy))
+    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"),
+                            contextlib.nullcontext, lambda: (sampled, greedy))
     log.begin()
     log.close()
     line = capsys.readouterr().out
@@ -289,7 +292,8 @@ def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
 
 def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, True, torch.device("cpu"), lambda: None)
+    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, True, torch.device("cpu"),
+                            contextlib.nullcontext, lambda: None)
     scalars = {"charts/train_accuracy": 0.0, "charts/response_length": 3.0, "charts/truncated_fraction": 0.75,
                "charts/zero_signal_fraction": 1.0}
     for iteration in range(1, 6):
@@ -298,7 +302,8 @@ def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     log.close()
     out = capsys.readouterr().out
     assert out.count("no sampled response has been right in 3 iterations") == 1 and "truncated 0.75" in out
-    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, True, torch.device("cpu"), lambda: None)
+    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, True, torch.device("cpu"),
+                            contextlib.nullcontext, lambda: None)
     for iteration, accuracy in enumerate((0.0, 0.25, 0.0, 0.0, 0.0), start=1):  # right once: no warning later
         log.begin_iteration(iteration)
         log.end_iteration(iteration, {**scalars, "charts/train_accuracy": accuracy}, {"policy_loss": [0.0]}, 1e-3)
@@ -315,7 +320,8 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
         return torch.tensor([[0.5]]), torch.tensor([[0.75]])
 
     log = runs.IterationLog("runs/run", {"lr": 1.0}, 1, num_iterations=5, eval_every=2, responses_per_iteration=4,
-                            evaluate=evaluate, is_main=True, device=torch.device("cpu"))
+                            evaluate=evaluate, is_main=True, device=torch.device("cpu"),
+                            whole_weights=contextlib.nullcontext)
     log.begin()
     scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,
                "charts/truncated_fraction": 0.5, "charts/zero_signal_fraction": 0.125}
@@ -335,3 +341,24 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
     assert "held-out" not in lines[1] and "held-out 0.500" in lines[2] and "held-out" not in lines[3]
     assert "held-out" in lines[5]
     assert (tmp_path / "runs" / "run").is_dir()
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_first_lines_say_what_each_process_holds(lora, in_process):
+    """The memory of the training state, by hand from the embedded model: its float32 weights; gradients and Adam's
+    two moments of the weights it trains (with LoRA: the adapters only, over a base model that is all held)."""
+    from transformers import AutoModelForCausalLM
+
+    flags = ["--num-iterations", "1", "--prompts-per-iteration", "4", "--eval-size", "4", "--group-size", "2"]
+    _, out = in_process("grpo", flags + (["--lora-rank", "4"] if lora else []))
+    line = next(line for line in out.splitlines() if line.startswith("each process holds"))
+    megabytes = [float(x.replace(",", "")) for x in re.findall(r"\(([\d,.]+) MB\)|([\d,.]+) MB before", line)
+                 for x in x if x]
+    base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "common", "models",
+                                                                                "tiny_model")).parameters())
+    weights, gradients, adam, total = megabytes
+    if lora:
+        assert weights > base * 4 / 2**20 and 0 < gradients < weights / 5  # base + adapters; adapters only trained
+    else:
+        assert weights == pytest.approx(base * 4 / 2**20, abs=0.06) and gradients == weights
+    assert adam == pytest.approx(2 * gradients, abs=0.15) and total == pytest.approx(weights + 3 * gradients, abs=0.3)

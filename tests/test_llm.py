@@ -184,7 +184,7 @@ def test_lengths_of_right_and_wrong_responses_with_one_or_none_of_a_kind():
 
 
 def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_token_of_probability_zero():
-    """llm.categorical against the distribution it draws from and against torch.multinomial (the reference draw):
+    """llm.draw against the distribution it draws from and against torch.multinomial (the reference draw):
     200,000 draws of each of four rows, every token's frequency within 5 standard deviations of its probability,
     tokens of probability 0 (logit −inf) never drawn, at the first and the last place of the vocabulary too."""
     inf = float("inf")
@@ -196,13 +196,13 @@ def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_tok
     n = 200_000
     generator = torch.Generator().manual_seed(0)
     rows = logits.repeat_interleave(n, dim=0)
-    ours = llm.categorical(rows, generator).view(4, n)
+    ours = llm.draw(rows, torch.zeros(len(rows), dtype=torch.bool), generator)[0].view(4, n)
     reference = torch.multinomial(torch.softmax(rows, -1), 1, generator=generator).view(4, n)
     for draws in (ours, reference):
         frequency = torch.stack([torch.bincount(row, minlength=6) for row in draws]).double() / n
         assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt()).all()
         assert frequency[probs == 0].sum() == 0
-    assert llm.categorical(torch.zeros(3, 1)).tolist() == [0, 0, 0]  # a one-token vocabulary
+    assert llm.draw(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool))[0].tolist() == [0, 0, 0]  # one token
 
 
 def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_one_token():
@@ -234,13 +234,18 @@ def test_the_sampler_gap_by_hand_over_the_tokens_scored():
     assert gap["charts/sampler_gap_max"] == pytest.approx(1.0)
 
 
-def test_entropy_by_hand():
-    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 5.0]],
-                           [[1.0, 1.0, 3.0, -2.0], [0.0, 9.0, 0.0, 0.0]]])  # [2, 2, vocab 4]
+def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 5.0], [1.0, 1.0, 3.0, -2.0],
+                           [0.0, 9.0, 0.0, 0.0], [0.0, -float("inf"), 1.0, -float("inf")]])  # [5, vocab 4]
     p = torch.softmax(logits, dim=-1)
-    expected = -(p * p.log()).sum(-1)  # −Σ π log π, written out
-    assert torch.allclose(llm.entropy(logits), expected, atol=1e-6)
-    assert llm.entropy(logits)[0, 0].item() == pytest.approx(float(torch.log(torch.tensor(4.0))))  # uniform: log |V|
+    expected = -(p * p.log()).nan_to_num().sum(-1)  # −Σ π log π, written out (0 log 0 = 0)
+    greedy = torch.tensor([False, True, False, True, False])
+    token, logprob, entropy = llm.draw(logits, greedy, torch.Generator().manual_seed(0))
+    assert torch.allclose(entropy, expected, atol=1e-6)
+    assert entropy[0].item() == pytest.approx(float(torch.log(torch.tensor(4.0))))  # uniform: log |V|
+    assert token[1] == 3 and token[3] == 1  # greedy rows: the most likely token
+    assert token[4] in (0, 2)  # never a token of probability 0
+    torch.testing.assert_close(logprob, p.log()[torch.arange(5), token])
 
 
 def test_a_fraction_of_the_whole_batch_in_one_process():

@@ -47,10 +47,28 @@ def test_the_plan_sizes_passes_as_a_run_does():
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
-            for line in result.stdout.splitlines() if line.startswith("| ") and "---" not in line}
+            for line in result.stdout.split("\nState per process")[0].splitlines()
+            if line.startswith("| ") and "---" not in line}
     assert set(tool.CONFIGS[name][0] for name, *_ in tool.PLAN) and len(rows) == len(tool.PLAN) + 1
     assert rows["smollm2-135m"][7] == "16 of 16"
     for name, where, *_ in tool.PLAN:
         if where != "cpu":
             assert float(rows[name][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
     assert llm.pass_size(16, 8, 65 * 2**20, llm.CPU_PASS_BUDGET) == 16
+
+
+def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):
+    from common.tools import scale as S
+
+    P, L = 1000, 10
+    assert S.fit_state_bytes("DDP", P, L, 1) == 16 * P and S.fit_state_bytes("DDP", P, L, 4) == 20 * P
+    assert S.fit_state_bytes("DDP + LoRA r16", P, L, 8) == 2 * P + 20 * L
+    assert S.fit_state_bytes("FSDP", P, L, 4) == 4 * P + 4 * P  # a quarter of 16 bytes, and the whole weights
+    S.fit()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| qwen")}
+    ddp, lora, fsdp = rows["qwen2.5-7b"][2:5], rows["qwen2.5-7b"][5:8], rows["qwen2.5-7b"][8:11]
+    assert all(cell.endswith("✗") for cell in ddp)  # 16 bytes a parameter: 113 GiB before any activation
+    assert all(cell.endswith("✓") for cell in lora)
+    assert fsdp[0].startswith("(shards") and all(cell.rstrip(" |").endswith("✓") for cell in fsdp[1:])
+    assert all(cell.rstrip(" |").endswith("✓") for cell in rows["qwen2.5-0.5b"][2:4])

@@ -9,7 +9,9 @@ initialised model of a real configuration.
 
 The plan prints, for SmolLM2-135M and a GPT-2-124M shape on a CPU and the README's GPU models on an 80 GB card, the
 responses per forward/backward pass that the defaults choose (common/llm.py: response_bytes, pass_budget, pass_size;
-the same functions a run calls) and the memory that is estimated to need: the training state and one pass.
+the same functions a run calls) and the memory that is estimated to need: the training state and one pass. Then,
+for each README GPU model, which of DDP, DDP + LoRA and FSDP (--fsdp) fits on 1, 4 and 8 cards, with the state each
+process holds (fit_state_bytes says how it is counted).
 
 No weights are downloaded: the model is built from its configuration (the real layer count, widths,
 heads and vocabulary) with random weights, next to a small BPE tokenizer, and saved to a temporary
@@ -147,6 +149,60 @@ def plan() -> None:
               f"{(state + size * per_response) / 2**30:.1f} GiB |")
 
 
+# The fit table: the README's GPU models, each way to spread training over cards of 80 GB.
+FIT_MODELS = ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b"]
+FIT_CARDS = [1, 4, 8]
+
+
+def fit_state_bytes(strategy: str, parameters: int, adapters: int, cards: int) -> float:
+    """What each process holds before any pass, β = 0. DDP: float32 weights, gradients and Adam's two moments (16
+    bytes a parameter), and DDP's gradient buckets (4) on more than one card. DDP + LoRA: the base in bfloat16 (2),
+    the adapters' 16 (+ 4). FSDP: a 1/N shard of the 16 bytes, and the whole float32 weights (4) gathered for
+    sampling, which runs on unsharded weights."""
+    buckets = 4 if cards > 1 else 0
+    if strategy == "DDP":
+        return parameters * (16 + buckets)
+    if strategy == "DDP + LoRA r16":
+        return parameters * 2 + adapters * (16 + buckets)
+    return parameters * 16 / cards + parameters * 4
+
+
+def fit() -> None:
+    """Which of DDP, DDP + LoRA and FSDP fits each README GPU model on 1, 4 and 8 cards of 80 GB: the state per
+    process, and whether what 90 % of a card leaves holds a pass of at least one response (common/llm.py's rule:
+    half of it for the pass) of 256 tokens after a 64-token prompt."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from common import llm
+
+    print("\nState per process, and whether a pass of one response fits (✓) on cards of 80 GB; β = 0 (β > 0 adds a "
+          "bfloat16 reference copy, 2 bytes a parameter, except with LoRA):\n")
+    columns = [f"{strategy}, {cards} card{'s' * (cards > 1)}" for strategy in ("DDP", "DDP + LoRA r16", "FSDP")
+               for cards in FIT_CARDS]
+    print("| model | parameters | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * 3 * len(FIT_CARDS))
+    for name in FIT_MODELS:
+        model_type, fields = CONFIGS[name]
+        config = AutoConfig.for_model(model_type, **fields)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        parameters = sum(p.numel() for p in model.parameters())
+        adapters = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
+                       if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
+        per_response = llm.response_bytes(256, 64, 8, config, 2)
+        cells = []
+        for strategy in ("DDP", "DDP + LoRA r16", "FSDP"):
+            for cards in FIT_CARDS:
+                if strategy == "FSDP" and cards == 1:
+                    cells.append("(shards over 2+)")
+                    continue
+                state = fit_state_bytes(strategy, parameters, adapters, cards)
+                fits = llm.pass_budget(GPU_MEMORY, state) >= per_response
+                cells.append(f"{state / 2**30:.0f} GiB {'✓' if fits else '✗'}")
+        print(f"| {name} | {parameters / 1e9:.2f}B | " + " | ".join(cells) + " |")
+
+
 def scalars(run_dir: str) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -196,7 +252,8 @@ def main() -> None:
         if sys.argv[1:] not in ([], ["plan"]):
             raise SystemExit("error: `python -m common.tools.scale` prints the plan; the benchmark is "
                              "`python -m common.tools.scale run [flags]` (--help there)")
-        return plan()
+        plan()
+        return fit()
     del sys.argv[1]
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", nargs="+", default=["gpt2-124m"], choices=list(CONFIGS), help="default: gpt2-124m")

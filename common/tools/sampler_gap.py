@@ -1,0 +1,77 @@
+"""The sampler/trainer gap of grpo.py, in float32 and under bfloat16 autocast: how far the log-probs the sampler
+computed as it drew each token (a KV cache, one token at a time) are from those the update scores as π_θold (whole
+passes), |log π_sampler − log π_θold| per response token, its mean and its largest.
+
+    python -m common.tools.sampler_gap                     # SmolLM2 (python -m common.models.smollm2), seeds 1-3
+    python -m common.tools.sampler_gap --model common/models/tiny_model --task addition --few-shot 0
+
+For each seed: --prompts questions of --task, --group-size responses each (grpo.py's sample()), then scoring in the
+update's passes of --micro-batch-size responses (score_responses), then llm.sampler_gap, what a run logs as
+charts/sampler_gap_mean and _max. The same weights both ways: the gap is the arithmetic's, not the policy's.
+"""
+
+import argparse
+import os
+import random
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)  # grpo.py's sample() and score_responses() are what is measured
+SMOLLM2 = os.path.join(ROOT, "runs", "SmolLM2-135M-Instruct")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=SMOLLM2, help="a model folder or .gguf file (default: SmolLM2)")
+    parser.add_argument("--task", default="addition2", help="the task whose prompts are formatted (default: addition2)")
+    parser.add_argument("--few-shot", type=int, default=3, help="solved examples before each question (default: 3)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts per seed (default: 8)")
+    parser.add_argument("--group-size", type=int, default=8, help="G, responses per prompt (default: 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=16, help="response length cap (default: 16)")
+    parser.add_argument("--micro-batch-size", type=int, default=16, help="responses per scoring pass (default: 16)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds (default: 1 2 3)")
+    args = parser.parse_args(argv)
+    for flag, value, least in (("--prompts", args.prompts, 1), ("--group-size", args.group_size, 2),
+                               ("--max-new-tokens", args.max_new_tokens, 1), ("--few-shot", args.few_shot, 0),
+                               ("--micro-batch-size", args.micro_batch_size, 1)):
+        if value < least:
+            raise SystemExit(f"error: {flag} must be >= {least}, got {value}")
+    if args.model == SMOLLM2 and not os.path.isdir(SMOLLM2):
+        raise SystemExit(f"error: no {SMOLLM2}: make it with `python -m common.models.smollm2`, or pass --model")
+    return args
+
+
+def main(argv=None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    import grpo
+    from common import llm
+    from common.tasks import get_task
+
+    cpu = torch.device("cpu")
+    tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
+    task = get_task(args.task)
+    g = grpo.Args(model=args.model, task=args.task, few_shot=args.few_shot, group_size=args.group_size,
+                  max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size, beta=0.0)
+    n = args.prompts * args.group_size
+    first_epoch = [llm.Minibatch(torch.arange(n), list(torch.arange(n).split(args.micro_batch_size)))]
+    print("| seed | arithmetic | mean gap | largest gap |")
+    print("|---|---|---|---|")
+    for seed in args.seeds:
+        questions = [question for question, _ in task.prompts(args.prompts, random.Random(seed))]
+        for name, autocast in (("float32", torch.autocast("cpu", enabled=False)),
+                               ("bfloat16 autocast", torch.autocast("cpu", dtype=torch.bfloat16))):
+            torch.manual_seed(seed)
+            model.eval()
+            with autocast:
+                samples = grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+            old_logprobs, _ = grpo.score_responses(model, None, samples, first_epoch, g, autocast)
+            gap = llm.sampler_gap(samples.logprobs, old_logprobs, samples.mask, first_epoch)
+            print(f"| {seed} | {name} | {gap['charts/sampler_gap_mean']:.2e} | {gap['charts/sampler_gap_max']:.2e} |",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""--fsdp under torchrun (2 processes, gloo; tests/torchrun_fsdp.py): the model sharded by FSDP2 takes the
+one-process step on the whole batch in every file; a sharded run stopped and resumed from its distributed checkpoint
+is the uninterrupted run; --save-model writes a plain Hugging Face folder; and what --fsdp cannot do is refused in
+one line."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import dapo
+import dr_grpo
+import grpo
+import gspo
+import sapo
+from fixed_rollouts import fixed_rollout, sgd_step, tiny_gpt2, update_args
+from conftest import ROOT
+from test_group_distributed import assert_same_parameters
+from test_group_runs import scalars, weights
+
+MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
+
+
+@pytest.fixture(scope="module")
+def fsdp(tmp_path_factory):
+    """One torchrun launch of 2 processes: the sharded steps to compare, and grpo.py's and dapo.py's runs."""
+    out = tmp_path_factory.mktemp("fsdp")
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+         os.path.join(ROOT, "tests", "torchrun_fsdp.py"), str(out)],
+        capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return out, torch.load(out / "steps.pt"), result.stdout
+
+
+@pytest.mark.parametrize("beta_0", [False, True], ids=["beta>0", "beta=0 unequal signal"])
+@pytest.mark.parametrize("micro_batch_size", [None, 2])
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_two_sharded_processes_take_the_one_process_step(module, micro_batch_size, beta_0, fsdp):
+    """Each process holds half of the weights and half of the groups; the step equals the one-process step."""
+    _, steps, _ = fsdp
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model, no_signal=(1, 2, 3) if beta_0 else ())
+    args = update_args(module, micro_batch_size, beta=0.0) if beta_0 else update_args(module, micro_batch_size)
+    expected = sgd_step(module, model, rollout, args)
+    actual = steps[(module.__name__, micro_batch_size, "beta 0") if beta_0 else (module.__name__, micro_batch_size)]
+    assert_same_parameters(actual, expected, initial)
+
+
+@pytest.mark.parametrize("name", ["grpo", "dapo"])
+def test_a_sharded_run_stopped_and_resumed_is_the_uninterrupted_run(name, fsdp):
+    """SIGTERM to both processes after iteration 2: each writes its shards of the weights and of Adam's state
+    (torch.distributed.checkpoint) and its random states; --resume then gives every logged number and the final
+    weights of the straight run. The saved model is a plain Hugging Face folder of the whole weights."""
+    from transformers import AutoModelForCausalLM
+
+    out, _, stdout = fsdp
+    (straight,) = (out / name / "straight" / "runs").iterdir()
+    (resumed,) = (out / name / "stopped" / "runs").iterdir()
+    checkpoint = resumed / "checkpoint-2"
+    assert {"state.pt", "random-0.pt", "random-1.pt", "shards"} <= set(os.listdir(checkpoint))
+    expected, actual = scalars(straight), scalars(resumed)
+    assert {step for _, step in expected} == {0, 1, 2, 3, 4} and actual == expected
+    expected_weights, actual_weights = weights(straight), weights(resumed)
+    assert all(torch.equal(actual_weights[key], expected_weights[key]) for key in expected_weights)
+    saved = AutoModelForCausalLM.from_pretrained(straight / "model")  # whole, loadable without torchrun
+    start = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "common", "models", "tiny_model"))
+    assert sum(p.numel() for p in saved.parameters()) == sum(p.numel() for p in start.parameters())
+    held = re.search(r"each process holds the policy's weights \(([\d.]+) MB\)", stdout)
+    whole = sum(p.numel() for p in start.parameters()) * 4 / 2**20
+    assert float(held.group(1)) == pytest.approx(whole / 2, abs=0.06)  # each process: half of the weights
+
+
+def test_a_sharded_run_resumed_on_one_process_is_refused_in_one_line(fsdp, in_process):
+    out, _, _ = fsdp
+    (resumed,) = (out / "grpo" / "stopped" / "runs").iterdir()
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", ["--resume", str(resumed)])
+    assert str(e.value).startswith("error: --fsdp shards the model over the processes of torchrun")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--fsdp"], "error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
+                 "--nproc_per_node N (N >= 2)"),
+])
+def test_fsdp_without_torchrun_is_one_line(argv, message, in_process):
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", argv)
+    assert str(e.value) == message
+
+
+def test_fsdp_with_lora_is_one_line(in_process, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", ["--fsdp", "--lora-rank", "4"])
+    assert str(e.value) == ("error: --fsdp with --lora-rank: LoRA's trained state is already small; train the "
+                            "adapters with DDP (no --fsdp)")
