@@ -6,6 +6,7 @@ unwritable folder, no checkpoint); the status line of a long phase; pass@k; the 
 nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
 
 import contextlib
+import io
 import os
 import re
 import signal
@@ -170,6 +171,10 @@ def test_damaged_missing_moved_and_foreign_checkpoints_are_one_line(in_process, 
     state.write_bytes(os.urandom(4096))
     assert refusal("grpo", ["--resume", folder]).startswith(f"error: --resume {folder}: {folder}/checkpoint-1/state.pt "
                                                             "cannot be read, the checkpoint is damaged (")
+    saved = torch.load(io.BytesIO(good), weights_only=False)
+    torch.save({**saved, "processes": 2}, state)  # as a torchrun run of 2 processes writes it
+    assert refusal("grpo", ["--resume", folder]) == (
+        f"error: --resume {folder}: a run of 2 processes, here 1; resume it with torchrun --nproc_per_node 2")
     state.write_bytes(good)
     (run / "checkpoint-1" / "random-0.pt").write_bytes(b"not a checkpoint")
     assert "random-0.pt cannot be read, the checkpoint is damaged" in refusal("grpo", ["--resume", folder])
