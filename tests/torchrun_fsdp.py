@@ -4,8 +4,8 @@
    numbers of groups with signal; process 0 saves the whole weights after it, for the test to compare with the
    one-process step;
 2. grpo.py and dapo.py run from their command line with --fsdp: 4 iterations straight (saving the model), and again
-   stopped by a SIGTERM to each process after iteration 2 and resumed (--resume), for the test to compare;
-3. the resumed run's checkpoint offered to 1 process is refused (written to refused.txt). Not a test file."""
+   stopped by a SIGTERM to each process after iteration 2 and resumed (--resume), for the test to compare (which
+   also offers that run to one process, to be refused). Not a test file."""
 
 import dataclasses
 import importlib
