@@ -264,8 +264,7 @@ def sample(model, tokenizer, task, prompts: list[str], args: Args, device, num_s
     for step in range(args.max_new_tokens):
         # Sample from π_θold itself at the temperature: no top-k, top-p or repetition penalty, whatever the model's
         # generation_config says, or the behaviour policy would not be the one whose log-probs the update uses.
-        # (common/llm.py: draw, an exact draw from one uniform number per response; its log-prob; the entropy)
-        token, logprob, entropy = llm.draw(logits / args.temperature, greedy, generator)
+        token, logprob, entropy = llm.draw(logits / args.temperature, greedy, generator)  # exact: one uniform a row
         entropies.append(entropy)
         logprobs.append(logprob)
         tokens.append(token.masked_fill(ended, tokenizer.pad_token_id))  # an ended response is padded
@@ -295,8 +294,7 @@ def evaluate(model, tokenizer, task, eval_prompts, args: Args, device, autocast)
     prompts, targets = [p for p, _ in eval_prompts], [t for _, t in eval_prompts]
     model.eval()
     generator = torch.Generator(device).manual_seed(EVAL_SEED)
-    # One prefill of each prompt serves both: k sampled responses, then a greedy one (the last of each group).
-    k = args.eval_samples
+    k = args.eval_samples  # one prefill of each prompt serves k sampled responses, then a greedy one (the last)
     with autocast:
         samples = sample(model, tokenizer, task, prompts, args, device, k + 1, torch.arange(k + 1) == k, generator)
     texts = llm.decode(tokenizer, samples.responses, samples.mask)
@@ -319,28 +317,30 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
     The padding after a response's end needs no mask: causal attention never lets a real token see it.
     These logits are the memory peak: score in micro-batches on big vocabularies.
     """
-    cache, input_ids = None, torch.cat([prompt_ids[prompt_index], responses[:, :-1]], dim=1)
+    cache, inputs_embeds, input_ids = None, None, torch.cat([prompt_ids[prompt_index], responses[:, :-1]], dim=1)
     if share_prompt:
         prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)
         prompt_ids, prompt_mask = prompt_ids[prompts], prompt_mask[prompts]  # [distinct prompts, P]
+        input_ids = torch.cat([prompt_ids[prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
         if prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
-            # cached columns: the shared head, each prompt's own tail (common/llm.py: read_prompts), its last token
-            prefill, prefix_mask = llm.read_prompts(model, prompt_ids[:, :-1], prompt_mask[:, :-1])
+            # cached columns: the shared head, each prompt's own tail (common/llm.py: read_prompts), its last token;
+            # the tokens of every call looked up at once (llm.embed: the embedding matrix gets one gradient, not three)
+            prompt_embeds, inputs_embeds = llm.embed(model, prompt_ids[:, :-1], input_ids)
+            prefill, prefix_mask = llm.read_prompts(model, prompt_ids[:, :-1], prompt_mask[:, :-1], 1, prompt_embeds)
             cache = prefill.past_key_values
             cache.reorder_cache(prompt_index)  # [distinct prompts, ...] -> [n, ...]: each response its prompt's copy
             prompt_mask = F.pad(prefix_mask, (0, 1), value=1)
-        input_ids = torch.cat([prompt_ids[prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
     attention_mask = F.pad(prompt_mask[prompt_index], (0, responses.shape[1] - 1), value=1)  # [n, P + T − 1]
     logits = model(
-        input_ids=input_ids,
+        input_ids=input_ids if inputs_embeds is None else None,
+        inputs_embeds=inputs_embeds,
         attention_mask=attention_mask,
         position_ids=llm.position_ids(attention_mask)[:, -input_ids.shape[1] :],
         past_key_values=cache,
         use_cache=cache is not None,
         logits_to_keep=responses.shape[1],  # only the T positions that predict response tokens
     ).logits
-    # float32 (already so from the float32 output layer).
-    # Divided in place: a second [n, T, vocab] copy would double the peak.
+    # float32 (already so from the float32 output layer), divided in place: a second copy would double the peak
     return logits.float().div_(temperature)
 
 

@@ -572,14 +572,16 @@ def shared_head(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
     return int((heads == heads[:1]).all(dim=0).int().cumprod(dim=0).sum())
 
 
-def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep: int = 1):
+def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep: int = 1,
+                 prompt_embeds: Optional[Tensor] = None):
     """Left-padded prompts [B, P] through the model into a KV cache, the head they all share computed once.
 
     The H tokens every prompt begins with (shared_head) run as a batch of one; their keys and values are copied B
     times, and each prompt's own tail continues from them. Exact: every token attends to the keys and values it
     would see in its whole prompt, at the same positions. The cache's columns then hold the head, then each tail
     left-padded. Returns the model's output (the cache, the logits of the last `logits_to_keep` positions) and the
-    attention mask of those columns, [B, H + the longest tail].
+    attention mask of those columns, [B, H + the longest tail]. `prompt_embeds` [B, P, d]: the prompts' input
+    embeddings, when the caller looked them up (see `embed`); the model looks them up otherwise.
     """
     head = shared_head(prompt_ids, prompt_mask)
     lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1]
@@ -587,18 +589,29 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep:
     columns = torch.arange(width, device=prompt_mask.device)
     tail_mask = (columns >= width - (lengths - head)).to(prompt_mask.dtype)  # [B, width], each tail at the right
     attention_mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), head), tail_mask], dim=1)
+    # the tokens, as their ids or as the embeddings the caller looked up: [B, P] or [B, P, d], sliced alike
+    key, inputs = ("input_ids", prompt_ids) if prompt_embeds is None else ("inputs_embeds", prompt_embeds)
     cache = None
     if head > 0:
         start = prompt_ids.shape[1] - int(lengths[0])
-        head_ids = prompt_ids[:1, start : start + head]  # [1, H]
-        cache = model(input_ids=head_ids, attention_mask=torch.ones_like(head_ids),
-                      position_ids=torch.arange(head, device=head_ids.device).unsqueeze(0), use_cache=True,
-                      logits_to_keep=1).past_key_values
+        cache = model(**{key: inputs[:1, start : start + head]}, attention_mask=attention_mask[:1, :head],
+                      position_ids=torch.arange(head, device=prompt_ids.device).unsqueeze(0), use_cache=True,
+                      logits_to_keep=1).past_key_values  # the head, [1, H]
         cache.batch_repeat_interleave(len(prompt_ids))  # [1, ...] -> [B, ...]
-    output = model(input_ids=prompt_ids[:, prompt_ids.shape[1] - width :], attention_mask=attention_mask,
+    output = model(**{key: inputs[:, prompt_ids.shape[1] - width :]}, attention_mask=attention_mask,
                    position_ids=position_ids(attention_mask)[:, head:], past_key_values=cache, use_cache=True,
                    logits_to_keep=logits_to_keep)
     return output, attention_mask
+
+
+def embed(model, *token_ids: Tensor) -> list[Tensor]:
+    """The input embeddings of each tensor of token ids [..] -> [.., d], from one lookup. A model called on each in
+    turn looks its tokens up in every call, and each lookup gives the embedding matrix [vocab, d] a gradient of
+    its own, a dense tensor of its size, which the backward pass then adds up: one lookup gives it one. `model`
+    may be wrapped in DDP."""
+    lookup = getattr(model, "module", model).get_input_embeddings()
+    embeds = lookup(torch.cat([ids.flatten() for ids in token_ids]))
+    return [part.view(*ids.shape, -1) for part, ids in zip(embeds.split([ids.numel() for ids in token_ids]), token_ids)]
 
 
 def decoding_cache(model, prefill_cache, repeats: int, new_tokens: int):

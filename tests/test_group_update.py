@@ -386,6 +386,31 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
     hook.remove()
 
 
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_pass_looks_its_tokens_up_once(name):
+    """A pass runs the shared head, the tails and the responses as three model calls, but looks their tokens up in
+    the embedding matrix once (llm.embed): that matrix (49,152 × 576 for SmolLM2, tied to the output layer) then
+    gets one dense gradient per pass, not one per call for the backward pass to add up."""
+    module = MODULES[name]
+    model = tiny_gpt2()
+    rollout = fixed_rollout(module, model)
+    lookups = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: lookups.append(out.shape))
+    args = update_args(module, micro_batch_size=8, beta=0.0, num_minibatches=2)
+    update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
+    hook.remove()
+    assert len(lookups) == 2  # 2 minibatches of one pass each (8 responses, their 2 prompts)
+
+
+def input_ids(model, kwargs) -> torch.Tensor:
+    """The tokens a model call runs, from a forward pre-hook's kwargs: their ids, or where the caller looked their
+    embeddings up (llm.embed), the rows of the embedding matrix those are."""
+    if kwargs.get("input_ids") is not None:
+        return kwargs["input_ids"]
+    embeds = kwargs["inputs_embeds"].detach()
+    return torch.cdist(embeds.flatten(0, 1), model.get_input_embeddings().weight).argmin(-1).view(embeds.shape[:2])
+
 @pytest.mark.parametrize("micro_batch_size", [None, 4])
 @pytest.mark.parametrize("name", list(MODULES))
 def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micro_batch_size, monkeypatch):
@@ -401,13 +426,13 @@ def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micr
     width = rollout.responses.shape[1]
     seen, prompts_read = [], []
     hook = model.register_forward_pre_hook(
-        lambda m, args, kwargs: seen.extend(kwargs["input_ids"].tolist() if kwargs["logits_to_keep"] == width else []),
+        lambda m, args, kwargs: seen.extend(input_ids(m, kwargs).tolist() if kwargs["logits_to_keep"] == width else []),
         with_kwargs=True)
     read_prompts = llm.read_prompts
 
-    def recording(model, prompt_ids, prompt_mask, logits_to_keep=1):
+    def recording(model, prompt_ids, prompt_mask, *rest):
         prompts_read.extend(tuple(ids[mask.bool()].tolist()) for ids, mask in zip(prompt_ids, prompt_mask))
-        return read_prompts(model, prompt_ids, prompt_mask, logits_to_keep)
+        return read_prompts(model, prompt_ids, prompt_mask, *rest)
 
     monkeypatch.setattr(llm, "read_prompts", recording)
     args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
@@ -473,7 +498,7 @@ def test_scoring_without_a_reference_scores_only_what_the_update_runs(name):
     rollout = fixed_rollout(module, model, no_signal=(1,))
     args = update_args(module, micro_batch_size=8, beta=0.0)
     forwards = []
-    hook = model.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(kwargs["input_ids"].shape),
+    hook = model.register_forward_pre_hook(lambda m, args, kwargs: forwards.append(input_ids(m, kwargs).shape),
                                            with_kwargs=True)
     old, ref = score(module, model, None, rollout, args)
     hook.remove()

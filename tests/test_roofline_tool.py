@@ -1,6 +1,6 @@
 """common/tools/roofline.py: its argument checks, and on an embedded model that the FLOPs it counts add up: the
 update runs the passes scoring runs, forward and backward (about 3× the forward's FLOPs), the iteration is the sum of
-its phases, and every share of the peak lies between 0 and 1."""
+its phases, every share of the peak lies between 0 and 1, and the split of the seconds adds up."""
 import pytest
 
 from common.tools import roofline as R
@@ -34,4 +34,18 @@ def test_the_flops_of_the_phases_add_up_on_the_embedded_model(capsys):
     assert seconds["iteration"] == pytest.approx(seconds["generation"] + seconds["scoring"] + seconds["update"],
                                                  rel=0.02)
     for row in rows:
-        assert 0 < float(row[7].rstrip("%")) <= 100 and 0 <= float(row[9].rstrip("%")) <= 100
+        assert 0 < float(row[7].rstrip("%")) <= 100
+        shares = [float(cell.rstrip("%")) for cell in row[9:12]]  # in matmuls, in other ops, in Python
+        assert all(0 <= share <= 100 for share in shares) and shares[0] > 0 and shares[1] > 0
+
+
+def test_the_operation_timer_sorts_matmuls_from_the_rest_and_sees_the_backward_pass():
+    import torch
+
+    a = torch.randn(64, 64, requires_grad=True)
+    product = (a @ a).sum()  # built outside the timer: only its backward pass (two products) runs inside
+    assert R.matmul_and_other(R.op_seconds(torch, product.backward))[0] > 0
+    ops = R.op_seconds(torch, lambda: torch.randn(64, 64).softmax(-1).exp())
+    assert {"randn", "_softmax", "exp"} <= set(ops)
+    matmul, other = R.matmul_and_other(ops)
+    assert matmul == 0 and other > 0

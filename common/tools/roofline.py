@@ -15,16 +15,23 @@ does not depend on the rewards drawn). Every phase runs on the same sampled resp
   phase (a multiply-add is 2 FLOPs; the backward pass counted as it runs). Elementwise work (softmax, norms, Adam)
   is not counted: it is what the roofline calls overhead.
 - Seconds: the median of --repeats timed runs, one thread by default.
-- Matmul seconds: the share of the time spent in the matrix-product and attention kernels (their self time in
-  torch.profiler, on one more run, over that run's wall time), times the median seconds.
+- The split of those seconds, from one more run in which every operation torch dispatches (aten::mm, a softmax,
+  a copy, ...) is timed on its own with time.perf_counter, by a TorchDispatchMode: the seconds inside the matrix
+  products and attention ("matmul"), and inside every other operation ("other ops"), each over the median; the
+  rest is "Python" (the interpreter, the modules' code). A product takes 0.1 ms or more, so the timer's few
+  microseconds per call hardly touch its seconds; they do swell the many small operations' (a view, an add), so
+  "other ops" is an upper bound, and what is not in the products (other ops + Python) is the measure to read. No
+  profiler: its bookkeeping slowed the memory-bound operations it watched (a cache copy, a softmax over the
+  vocabulary) far more than the products, so its shares did not add up.
 - Peak: the best GFLOP/s of 20 runs of a 1024 × 1024 by 1024 × 1024 float32 matmul on the same threads.
 
 Per phase it prints GFLOP, seconds, GFLOP/s, the share of the peak over the whole phase, the share of the peak
-within the matmul kernels (how well the products themselves run), and the share of the phase's time outside them.
-The last two come from the profiler, which slows memory-bound operations (copies, softmax over the vocabulary) far
-more than products: read them as where to look, and the seconds, measured without it, as what a change bought.
---root imports grpo.py and common/ from another checkout (run this file by path then), so before and after are
-measured by the same tool; --adam says which of torch's Adam implementations the update steps with.
+within the matmul operations (how well the products themselves run: their FLOPs over their own seconds), and
+the shares of the phase's median seconds in matmuls, in other operations, and in Python.
+--ops N adds each phase's N operations of the most seconds in that run, as an HTML comment under its row (a
+pasted table still renders). --root imports grpo.py and common/ from another checkout (run this file by path
+then), so before and after are measured by the same tool; --adam says which of torch's Adam implementations the
+update steps with.
 """
 
 import argparse
@@ -35,8 +42,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOLLM2 = os.path.join(ROOT, "runs", "SmolLM2-135M-Instruct")
-# torch.profiler's names of the kernels that do the matrix products and attention, forward and backward
-MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product")
+# the operations that do the matrix products and attention, forward and backward (torch.ops.aten names)
+MATMUL_OPS = ("mm", "addmm", "bmm", "baddbmm", "_scaled_dot_product")
 
 
 def parse_args(argv):
@@ -54,6 +61,8 @@ def parse_args(argv):
                         help="torch's Adam: fused, or a loop over the parameters, its CPU default (default: fused)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per phase (default: 3)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default: 1)")
+    parser.add_argument("--ops", type=int, default=0,
+                        help="after each phase, its N operations of the most seconds (default: 0, none)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the prompts and of the sampled responses")
     args = parser.parse_args(argv)
     for flag, value, least in (("--prompts", args.prompts, 1), ("--group-size", args.group_size, 2),
@@ -87,9 +96,35 @@ def matmul_peak(torch, repeats: int = 20) -> float:
     return 2 * 1024**3 / min(seconds)
 
 
+def op_seconds(torch, run) -> dict:
+    """Seconds of `run()` in each operation torch dispatches, by name ("mm", "_softmax", ...): each call timed on its
+    own (a TorchDispatchMode sees them all, the backward pass's included)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seconds = {}
+
+    class Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            name = func.__name__.split(".")[0]
+            seconds[name] = seconds.get(name, 0.0) + time.perf_counter() - start
+            return out
+
+    with Timer():
+        run()
+    return seconds
+
+
+def matmul_and_other(op_seconds: dict) -> tuple[float, float]:
+    """The seconds of op_seconds' dictionary inside the matrix products and attention, and inside the rest."""
+    matmul = sum(s for name, s in op_seconds.items() if name.startswith(MATMUL_OPS))
+    return matmul, sum(op_seconds.values()) - matmul
+
+
 def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
-    """FLOPs, median seconds and matmul-kernel seconds of `run()`, with `reset()` (untimed) after each run."""
-    from torch.profiler import ProfilerActivity, profile
+    """FLOPs, median seconds, and seconds in matmul and in other operations of `run()`, with `reset()` (untimed)
+    after each run."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)
@@ -102,17 +137,11 @@ def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
         run()
         seconds.append(time.perf_counter() - start)
         reset()
-    start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        run()
-    profiled = time.perf_counter() - start
+    ops = op_seconds(torch, run)
     reset()
-    matmul_us = sum(event.self_cpu_time_total for event in prof.key_averages()
-                    if event.key.startswith(MATMUL_OPS))
-    # the profiler slows what it watches: its run gives the matmul kernels' share of the time, applied to the median
-    share = min(matmul_us / 1e6 / profiled, 1.0)
-    return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds),
-            "matmul_seconds": share * statistics.median(seconds)}
+    matmul, other = matmul_and_other(ops)
+    return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds), "matmul_seconds": matmul,
+            "other_seconds": other, "ops": ops}
 
 
 def main(argv=None) -> None:
@@ -145,8 +174,8 @@ def main(argv=None) -> None:
           f"Adam {args.adam}, {args.threads} thread(s), median of {args.repeats}; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s")
     print("| few-shot | prompt tokens | response tokens | phase | GFLOP | s | GFLOP/s | of peak | matmuls at | "
-          "outside matmuls |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "in matmuls | in other ops | in Python |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for few_shot in args.few_shot:
         g = grpo.Args(model=args.model, task=args.task, few_shot=few_shot, group_size=args.group_size,
                       max_new_tokens=args.max_new_tokens, temperature=1.0, beta=0.0, learning_rate=1e-5,
@@ -187,17 +216,23 @@ def main(argv=None) -> None:
         for name, run, reset in (("generation", generate, None), ("scoring", score, None), ("update", update, restore)):
             phases[name] = measure(torch, run, args.repeats, reset or (lambda: None))
             print_row(few_shot, prompt_tokens, response_tokens, name, phases[name], peak)
-        whole = {key: sum(phase[key] for phase in phases.values()) for key in phases["generation"]}
+            if args.ops:
+                top = sorted(phases[name]["ops"].items(), key=lambda item: -item[1])[:args.ops]
+                print(f"<!-- {name}: " + ", ".join(f"{op} {s:.2f} s" for op, s in top) + " -->", flush=True)
+        whole = {key: sum(phase[key] for phase in phases.values())
+                 for key in ("flops", "seconds", "matmul_seconds", "other_seconds")}
         print_row(few_shot, prompt_tokens, response_tokens, "iteration", whole, peak)
 
 
 def print_row(few_shot: int, prompt_tokens: int, response_tokens: int, name: str, m: dict, peak: float) -> None:
     rate = m["flops"] / m["seconds"]
-    in_matmuls = m["flops"] / m["matmul_seconds"] if m["matmul_seconds"] else float("nan")
+    in_matmuls = m["flops"] / m["matmul_seconds"] if m["matmul_seconds"] else float("nan")  # their own seconds
+    matmul_share = min(m["matmul_seconds"] / m["seconds"], 1.0)
+    other_share = min(m["other_seconds"] / m["seconds"], 1.0 - matmul_share)
     print(f"| {few_shot} | {prompt_tokens} | {response_tokens} | {name} | {m['flops'] / 1e9:.3g} | "
-          f"{m['seconds']:.3g} | "
-          f"{rate / 1e9:.1f} | {rate / peak:.0%} | {in_matmuls / peak:.0%} | "
-          f"{1 - min(m['matmul_seconds'], m['seconds']) / m['seconds']:.0%} |", flush=True)
+          f"{m['seconds']:.3g} | {rate / 1e9:.1f} | {rate / peak:.0%} | {in_matmuls / peak:.0%} | "
+          f"{matmul_share:.0%} | {other_share:.0%} | {1 - matmul_share - other_share:.0%} |", flush=True)
+
 
 if __name__ == "__main__":
     main()
