@@ -46,11 +46,14 @@ def parse_args(args_class):
     """The command line as an `args_class` (tyro: one flag per field, its docstring as help). With --resume, the
     resumed run's own flags are the defaults, and a typed flag may change only what a resumed run may change.
     A value tyro cannot read is one line, as every other bad value is; a pipe closed early (`python grpo.py --help
-    | head`) ends the program quietly, as it does `cat`."""
+    | head`) ends the program quietly, as it does `cat`. Until Checkpoints takes them over, Ctrl-C or SIGTERM (while
+    the model loads, say) stop the program at once with one line and 128 + the signal's number."""
     import tyro
 
     if hasattr(signal, "SIGPIPE"):
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, stop_before_training)
     argv = sys.argv[1:]
     resume = next((value for flag, value in zip(argv, argv[1:] + [None]) if flag == "--resume"), None)
     resume = resume or next((a.split("=", 1)[1] for a in argv if a.startswith("--resume=")), None)
@@ -70,6 +73,15 @@ def parse_args(args_class):
     if resume is not None:
         refuse_changed_flags(saved["args"], args)
     return args
+
+
+def stop_before_training(number, frame) -> None:
+    """A signal before the first iteration has begun: nothing trained, nothing to save, no traceback. (Ctrl-C under
+    torchrun arrives twice, the terminal's SIGINT and torchrun's SIGTERM: the second is ignored while this exits.)"""
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    print(f"\n{signal.Signals(number).name}: stopped before training began; nothing was trained or saved", flush=True)
+    raise SystemExit(128 + number)
 
 
 def tyro_error_line(box: str) -> str:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from common import runs
+from common import llm, runs
 from conftest import GROUP, ROOT
 
 FLAGS = ["--num-iterations", "4", "--eval-every", "2", "--eval-size", "8", "--prompts-per-iteration", "4",
@@ -122,6 +122,18 @@ def test_a_stop_during_the_first_evaluation_starts_no_iteration(number, status, 
     assert "stopped before iteration 1; no checkpoint was written, so there is nothing to resume" in out
     assert not (run / "latest").exists() and not (run / "model").exists()
 
+
+@pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_while_the_model_loads_is_one_line(number, status, in_process, monkeypatch):
+    real = llm.load_policy
+
+    def load_policy(*args, **kwargs):  # Ctrl-C (or a scheduler's SIGTERM) before training has begun
+        os.kill(os.getpid(), number)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(llm, "load_policy", load_policy)
+    _, out = in_process("grpo", FLAGS)  # (a traceback would be an exception, not an exit status)
+    assert in_process.exit_code == status
+    assert f"{signal.Signals(number).name}: stopped before training began; nothing was trained or saved" in out
 
 def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
