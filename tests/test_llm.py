@@ -203,6 +203,14 @@ def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_tok
         assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt()).all()
         assert frequency[probs == 0].sum() == 0
     assert llm.draw(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool))[0].tolist() == [0, 0, 0]  # one token
+    assert llm.draw(logits[3:], torch.zeros(1, dtype=torch.bool))[0].tolist() == [5]  # fewer rows than tokens
+
+
+def test_a_uniform_number_rounded_up_to_the_total_draws_the_last_token(monkeypatch):
+    """u = U · (the total probability), U < 1, can round up to the total (about one draw in 2^53): the first bound
+    above u would then be one past the vocabulary. The draw takes the last token instead."""
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.ones(*shape, dtype=kwargs.get("dtype")))
+    assert llm.draw(torch.zeros(2, 5), torch.zeros(2, dtype=torch.bool))[0].tolist() == [4, 4]
 
 
 def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_one_token():
@@ -217,6 +225,8 @@ def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_
     assert llm.shared_head(ids[[0, 0]], mask[[0, 0]]) == 3  # equal prompts, the same
     other = torch.tensor([[pad, pad, 4, 6, 7, 8]])
     assert llm.shared_head(torch.cat([ids, other]), torch.cat([mask, (other != pad).long()])) == 0
+    two = torch.tensor([[pad, pad, pad, pad, 5, 1]])  # the shortest prompt has 2 tokens: a head of 1 at most
+    assert llm.shared_head(torch.cat([ids, two]), torch.cat([mask, (two != pad).long()])) == 1
     one = torch.tensor([[pad, pad, pad, pad, pad, 5]])
     assert llm.shared_head(torch.cat([ids, one]), torch.cat([mask, (one != pad).long()])) == 0  # a one-token prompt
 
@@ -232,6 +242,8 @@ def test_the_sampler_gap_by_hand_over_the_tokens_scored():
     gap = llm.sampler_gap(sampler, old, mask, first_epoch)
     assert gap["charts/sampler_gap_mean"] == pytest.approx((0.5 + 0 + 0 + 0.25 + 1.0) / 5)
     assert gap["charts/sampler_gap_max"] == pytest.approx(1.0)
+    empty = torch.zeros(0, 3)  # a process without a response (nothing to compare): 0, not an error
+    assert llm.sampler_gap(empty, empty, empty, []) == {"charts/sampler_gap_mean": 0.0, "charts/sampler_gap_max": 0.0}
 
 
 def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
