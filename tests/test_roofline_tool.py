@@ -9,6 +9,7 @@ from common.tools import roofline as R
 @pytest.mark.parametrize("argv, message", [
     (["--group-size", "1"], "error: --group-size must be >= 2, got 1"),
     (["--repeats", "0"], "error: --repeats must be >= 1, got 0"),
+    (["--ops", "-1"], "error: --ops must be >= 0, got -1"),
     (["--few-shot", "-1"], "error: --few-shot values must be >= 0, got [-1]"),
     (["--prompts", "6"], "error: --num-minibatches must divide --prompts, and --micro-batch-size the responses of a "
                          "minibatch, got 4 and 16"),

@@ -68,7 +68,7 @@ def parse_args(argv):
     for flag, value, least in (("--prompts", args.prompts, 1), ("--group-size", args.group_size, 2),
                                ("--max-new-tokens", args.max_new_tokens, 1), ("--repeats", args.repeats, 1),
                                ("--threads", args.threads, 1), ("--micro-batch-size", args.micro_batch_size, 1),
-                               ("--num-minibatches", args.num_minibatches, 1)):
+                               ("--num-minibatches", args.num_minibatches, 1), ("--ops", args.ops, 0)):
         if value < least:
             raise SystemExit(f"error: {flag} must be >= {least}, got {value}")
     if any(k < 0 for k in args.few_shot):
