@@ -96,7 +96,7 @@ def matmul_peak(torch, repeats: int = 20) -> float:
     return 2 * 1024**3 / min(seconds)
 
 
-def op_seconds(torch, run) -> dict:
+def op_seconds(run) -> dict:
     """Seconds of `run()` in each operation torch dispatches, by name ("mm", "_softmax", ...): each call timed on its
     own (a TorchDispatchMode sees them all, the backward pass's included)."""
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -116,13 +116,13 @@ def op_seconds(torch, run) -> dict:
     return seconds
 
 
-def matmul_and_other(op_seconds: dict) -> tuple[float, float]:
-    """The seconds of op_seconds' dictionary inside the matrix products and attention, and inside the rest."""
-    matmul = sum(s for name, s in op_seconds.items() if name.startswith(MATMUL_OPS))
-    return matmul, sum(op_seconds.values()) - matmul
+def matmul_and_other(seconds: dict) -> tuple[float, float]:
+    """Of op_seconds' seconds by operation, those inside the matrix products and attention, and those of the rest."""
+    matmul = sum(s for name, s in seconds.items() if name.startswith(MATMUL_OPS))
+    return matmul, sum(seconds.values()) - matmul
 
 
-def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
+def measure(run, repeats: int, reset=lambda: None) -> dict:
     """FLOPs, median seconds, and seconds in matmul and in other operations of `run()`, with `reset()` (untimed)
     after each run."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -137,7 +137,7 @@ def measure(torch, run, repeats: int, reset=lambda: None) -> dict:
         run()
         seconds.append(time.perf_counter() - start)
         reset()
-    ops = op_seconds(torch, run)
+    ops = op_seconds(run)
     reset()
     matmul, other = matmul_and_other(ops)
     return {"flops": counter.get_total_flops(), "seconds": statistics.median(seconds), "matmul_seconds": matmul,
@@ -214,7 +214,7 @@ def main(argv=None) -> None:
         response_tokens = int(samples.mask.sum(1).max())
         phases = {}
         for name, run, reset in (("generation", generate, None), ("scoring", score, None), ("update", update, restore)):
-            phases[name] = measure(torch, run, args.repeats, reset or (lambda: None))
+            phases[name] = measure(run, args.repeats, reset or (lambda: None))
             print_row(few_shot, prompt_tokens, response_tokens, name, phases[name], peak)
             if args.ops:
                 top = sorted(phases[name]["ops"].items(), key=lambda item: -item[1])[:args.ops]
