@@ -386,7 +386,6 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
     hook.remove()
 
 
-
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_pass_looks_its_tokens_up_once(name):
     """A pass runs the shared head, the tails and the responses as three model calls, but looks their tokens up in
@@ -410,6 +409,7 @@ def input_ids(model, kwargs) -> torch.Tensor:
         return kwargs["input_ids"]
     embeds = kwargs["inputs_embeds"].detach()
     return torch.cdist(embeds.flatten(0, 1), model.get_input_embeddings().weight).argmin(-1).view(embeds.shape[:2])
+
 
 @pytest.mark.parametrize("micro_batch_size", [None, 4])
 @pytest.mark.parametrize("name", list(MODULES))
