@@ -2,9 +2,9 @@
 
 Every task object offers the same small interface (rng is a `random.Random`):
 
-    prompts(n, rng, split="train") -> list[(prompt, target)]   # what to ask, and what the verifier needs
-    reward(response_text, target) -> float                       # 1.0 right, 0.0 wrong: no partial credit
-    examples(k, rng) -> list[(prompt, solution_text)]           # worked demonstrations from the training split
+    prompts(n, rng, split="train") -> list[(prompt, target)]  # what to ask, what the verifier needs
+    reward(response_text, target) -> float  # 1.0 right, 0.0 wrong: no partial credit
+    examples(k, rng) -> list[(prompt, solution_text)]  # worked demonstrations (training split)
     name: str               # short name, for run names
     instruction: str        # one sentence stating the answer format (for a chat model's user turn)
     default_few_shot: int   # how many demonstrations to show a base model (no chat template)
@@ -13,12 +13,13 @@ Tasks and their files stay data: how a prompt is shown to a model (chat template
 where to cut the response) is decided by the group files. No task gives a format reward:
 a response either verifies (1.0) or it does not (0.0).
 
-Reference graders. A verifier accepts an answer written the way the grader of its kind reads it: after "####",
-the first number, as GSM8K's own grader (`#### (\\-?[0-9\\.\\,]+)`) reads it ("#### 25%", "#### 85, 86" is 85);
-elsewhere, as a careful math grader does (Qwen's math evaluation): \\boxed{} or \\fbox{}, "%", "$", units, LaTeX
-separators ("1{,}234") dropped, fractions compared by value. Countdown has no such grader: it checks each number
-once and the exact value, after taking off what those graders drop around an answer (a label, a full stop, emoji).
-Nothing that changes a value is dropped: every known loophole stays shut.
+Reference graders. A verifier accepts an answer written the way the grader of its kind reads it:
+after "####", the first number, as GSM8K's own grader (`#### (\\-?[0-9\\.\\,]+)`) reads it
+("#### 25%", "#### 85, 86" is 85); elsewhere, as a careful math grader does (Qwen's math
+evaluation): \\boxed{} or \\fbox{}, "%", "$", units, LaTeX separators ("1{,}234") dropped,
+fractions compared by value. Countdown has no such grader: it checks each number once and the
+exact value, after taking off what those graders drop around an answer (a label, a full stop,
+emoji). Nothing that changes a value is dropped: every known loophole stays shut.
 
 Splits. Every question belongs to exactly one split, decided by a fixed, seed-independent hash
 of the question, with TEST_FRACTION of them held out: training never samples a test question,
@@ -28,104 +29,133 @@ run and every method is evaluated on the same questions.
 1. Arithmetic: "addition", "subtraction", "multiplication"
    Prompt "37+48=", target "85"; operands of 1 to 3 digits (2 for multiplication), the number
    of digits uniform, then the value uniform. The split hashes the operand pair.
-   Reward: the response's answer, read as for a dataset file (3. below: the last number, unless there is a
-   \\boxed{...} or a "####"), is the target written as an integer ("085", "85.0" and "170/2" are not; "1,085",
-   "+85", "85%" and "85km" are). So an instruct model that writes "The answer is 85." is graded on 85, "−85" and
-   "= − 85" are minus 85, and "8.5", "1,085", "85²" or "2^85" are not read as 85 or 5; the embedded tiny model
-   answers with digits only.
+   Reward: the response's answer, read as for a dataset file (3. below: the last number, unless
+   there is a \\boxed{...} or a "####"), is the target written as an integer ("085", "85.0" and
+   "170/2" are not; "1,085", "+85", "85%" and "85km" are). So an instruct model that writes
+   "The answer is 85." is graded on 85, "−85" and "= − 85" are minus 85, and "8.5", "1,085",
+   "85²" or "2^85" are not read as 85 or 5.
+   The embedded tiny model (common/models/tiny_model) answers with digits only. It was pretrained
+   on "addition" only: it knows neither "subtraction" nor "multiplication" (with so little
+   signal, RL cannot teach them), nor "countdown"; those are there for real models (`--model ...`).
    Demonstration: the sum written out ("37 + 48 = 85"). default_few_shot = 3.
-   "addition2" is addition with operands of 1 to 2 digits: the task on which a small real chat model
-   (SmolLM2-135M-Instruct, with --few-shot 3) starts at ~30 % sampled accuracy, where RL shows.
+   "addition2" is addition with operands of 1 to 2 digits: the task on which a small real chat
+   model (SmolLM2-135M-Instruct, with --few-shot 3) starts at ~30 % sampled accuracy, where RL
+   shows.
 
 2. Countdown: "countdown"
-   Three or four numbers (equally likely), each uniform in 1..25, and a target in 1..100 made by construction:
-   the numbers are combined in random order with random operations, every intermediate result
-   a positive integer (subtractions stay positive, divisions are exact), until the result falls
-   in 1..100; so every target is reachable, and the expression that built it is the demonstration.
-   Prompt: "Using the numbers 3, 7, 25, make 46 with + - * / and parentheses, each number exactly once."
+   Three or four numbers (equally likely), each uniform in 1..25, and a target in 1..100 made by
+   construction: the numbers are combined in random order with random operations, every
+   intermediate result a positive integer (subtractions stay positive, divisions are exact),
+   until the result falls in 1..100; so every target is reachable, and the expression that built
+   it is the demonstration.
+   Prompt:
+     "Using the numbers 3, 7, 25, make 46 with + - * / and parentheses, each number exactly once."
    Target: "3 7 25=46" (the numbers in prompt order, "=", the target). The split hashes the
    sorted numbers and the target, so reordering the numbers does not move a puzzle across splits.
    Reward, read from the response in this order:
-     a. the text: the content of the last \\boxed{...} or \\fbox{...} if there is one, else the last non-empty line
-        (LaTeX's line break \\\\ ends a line); the LaTeX spellings \\times, \\cdot, \\div, \\left, \\right, \\( \\),
-        \\[ \\] and $ are normalised, zero-width characters, markdown's code quotes `, emoji at the end ("3 + 4 🎉")
-        and emphasis around the whole text ("**3 + 4**") dropped. The words next to the box on its line must not
-        join it to a formula, as for a number in 3. ("\\boxed{3 + 4}^2" scores 0);
-     b. anything from the first "=" on is dropped, with a bracket that opens it ("(25 - 3) * 2 + 2 = 46" and
-        "3 * 7 + 25 (= 46)" are graded on the left side; the value the model claims is ignored, so "46 = ..." scores 0);
-     c. what is left is the expression, after at most a label (words of letters, each may end with a comma, the last
-        ending with ":", being "is", or ending with a comma just before the expression: "Answer:", "**Final answer:**",
-        "Therefore, the answer is", "Thus,") and before at most one mark of . , ; ?
-        ("Answer: 3 + 4." -> "3 + 4"). All of it must be part of the expression: non-negative integers,
-        parentheses, spaces and the binary operators + (plus), - − – (minus), * × · (times), / ÷ (divide).
-        Anything else scores 0 instead of being left out, since it would change the value: a sign in front
-        ("-3 + 7 + 25"), a function ("sqrt(3 + 7 + 25)", "√(...)", "log 3 + 7 + 25", "\\sqrt{...}"), a factorial,
-        percent or power ("25!", "25 %", "25²", "3^2", "3**2": ** is two times signs in a row), implicit
-        multiplication ("3(7 + 25)"), decimals, letters (x is not times), digits other than ASCII ("３"),
-        a second expression ("3 + 4 or 3 * 4");
-     d. it scores 1.0 when it parses, uses every given number exactly once (as a multiset) and no other
-        number, and evaluates exactly (fractions.Fraction) to the target. Intermediate fractions are
-        allowed ((1 + 1/2) * 4 = 6); a division by zero scores 0.
-   The parser is a small recursive-descent parser: model output is never passed to eval. An expression
-   longer than MAX_EXPRESSION_CHARS or nested deeper than MAX_DEPTH scores 0 without being evaluated.
+     a. the text: the content of the last \\boxed{...} or \\fbox{...} if there is one, else the
+        last non-empty line (LaTeX's line break \\\\ ends a line); the LaTeX spellings \\times,
+        \\cdot, \\div, \\left, \\right, \\( \\), \\[ \\] and $ are normalised, zero-width
+        characters, markdown's code quotes `, emoji at the end ("3 + 4 🎉") and emphasis around
+        the whole text ("**3 + 4**") dropped. The words next to the box on its line must not join
+        it to a formula, as for a number in 3. ("\\boxed{3 + 4}^2" scores 0);
+     b. anything from the first "=" on is dropped, with a bracket that opens it
+        ("(25 - 3) * 2 + 2 = 46" and "3 * 7 + 25 (= 46)" are graded on the left side; the value
+        the model claims is ignored, so "46 = ..." scores 0);
+     c. what is left is the expression, after at most a label (words of letters, each may end
+        with a comma, the last ending with ":", being "is", or ending with a comma just before
+        the expression: "Answer:", "**Final answer:**", "Therefore, the answer is", "Thus,") and
+        before at most one mark of . , ; ? ("Answer: 3 + 4." -> "3 + 4"). All of it must be
+        part of the expression: non-negative integers, parentheses, spaces and the binary
+        operators + (plus), - − – (minus), * × · (times), / ÷ (divide).
+        Anything else scores 0 instead of being left out, since it would change the value: a
+        sign in front ("-3 + 7 + 25"), a function ("sqrt(3 + 7 + 25)", "√(...)",
+        "log 3 + 7 + 25", "\\sqrt{...}"), a factorial, percent or power ("25!", "25 %", "25²",
+        "3^2", "3**2": ** is two times signs in a row), implicit multiplication ("3(7 + 25)"),
+        decimals, letters (x is not times), digits other than ASCII ("３"), a second expression
+        ("3 + 4 or 3 * 4");
+     d. it scores 1.0 when it parses, uses every given number exactly once (as a multiset) and
+        no other number, and evaluates exactly (fractions.Fraction) to the target. Intermediate
+        fractions are allowed ((1 + 1/2) * 4 = 6); a division by zero scores 0.
+   The parser is a small recursive-descent parser: model output is never passed to eval. An
+   expression longer than MAX_EXPRESSION_CHARS or nested deeper than MAX_DEPTH scores 0 without
+   being evaluated.
    Demonstration: the building expression, e.g. "(25 - 3) * 2 + 2". default_few_shot = 3.
 
 3. A dataset file: `--task path/to/file.jsonl` (see `get_task`)
    One JSON object per line (blank lines are skipped), UTF-8:
-       {"question": "Ann has 3 apples and buys 4 more. How many now?", "answer": "3 + 4 = 7\\n#### 7"}
-       {"prompt": "What is 6 times 7?", "target": 42}
-       {"question": "What is the capital of France?", "answer": "Paris"}
-   The question is the value of "prompt" (or, when absent, "question"), a non-empty string; the answer
-   is the value of "answer" (or "target"), a number or a string. In a string the answer is what follows the
-   last "####" (GSM8K writes "...reasoning...\\n#### 72") or else the whole string: a number (commas as
-   thousands separators are allowed, "1,234"), or else a text, graded by normalised exact match (below); it has
-   at most MAX_ANSWER_CHARS characters (a response's longer answer is never read). Anything else is an error
-   naming the file and the line, and so is a line that Python's json cannot hold: nested too deeply, an
-   integer of more than 4300 digits, a lone surrogate ("\\ud800", half of a UTF-16 pair, not a character).
-   The split hashes the question text; a file must leave at least one question in each split. With a
-   second file (--eval-task, e.g. GSM8K's test.jsonl) the first file is all training questions and the
-   second all held-out ones. prompts() draws without replacement when n fits in the split; beyond that,
-   training draws with replacement and an evaluation gets every held-out question once.
-   Reward: the response's answer is the last number inside the last \\boxed{...} or \\fbox{...} if there is one,
-   else the first number after the last "####", else the last number of the response; it scores 1.0 when it equals
-   the target exactly ("72.0" == "72", "1,234" == "1234", "−7" == "-7", "\\frac{1}{2}" == "0.5"). A number is read
-   whole (a sign + - − –, thousands commas, decimals, ".5", a fraction "\\frac{1}{2}", "\\dfrac", "\\tfrac",
-   "1/2") and must stand alone, else the response scores 0 (rather than being graded on some other number):
-     - the word that holds it (words are split at spaces and "=") is the number, with at most a "%" or a unit
-       abbreviation glued to it ("25%", "72km", "90°"; not "25%2", "72km2", "85k", "85x", "$85m"), wrapped at most
-       in brackets, quotes, "$", markdown bold or code, trailing punctuation: "(85)", "**85**.", "$1,234", "-$3",
-       "85,"; not "x85", "++85", "85!", "85²", "2^10", "2\\frac{1}{2}", "7.2e3" (not read: 0), "10-3", "８５".
-       A sign that is a word of its own belongs to the number unless an operand precedes it ("= − 7" is -7;
-       "10 − 7" and "x − 7" are not);
-     - the words next to it on its line do not join it to something else: an operator ("2 ^ 10", "10 - 3",
-       "√ 85", "85 * 2", "85 % 2"; "85 %" is a percent sign set apart), another number ("1 234" is 1234; after a
-       comma or semicolon a number is the next item of a list: "#### 85, 86" is 85), a LaTeX command ("\\sqrt 85",
-       "85 \\times 2") or a word of a short list ("sqrt 85", "negative 85", "2 x 85", "85 squared", "85 thousand":
-       natural language has more ways, these are the common ones). Around a \\boxed{...} the words outside it count
-       too ("\\boxed{85}^2" is not 85).
-   LaTeX's \\text{...}, \\$, \\%, \\( \\), \\[ \\], \\left, \\right, spacing commands, {,} and ^\\circ are read as
-   plain text first ("1\\,234" and "1{,}234" are 1234, "90^\\circ" is "90°"); a zero-width space is a space.
-   Only the last number counts, so "84 or 85" is graded on 85: naming several answers gains nothing over naming
-   the last one.
-   A text answer ("Paris") is compared with the response's final text: what follows its last "####", else the
-   content of its last \\boxed{...}, else its last non-empty line, without a label in front ("Answer:", "The
-   answer is"); both normalised as SQuAD's exact-match grader does (case, punctuation, the articles a, an, the
-   and extra spaces dropped), so "#### the Eiffel Tower!" is "Eiffel tower" and "Paris, France" is not "Paris".
-   The chat instruction asks for "the final answer after '####'" (as a number when every answer is one).
-   Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's calculator
-   notes "<<48/2=24>>" removed), else the bare number. default_few_shot = 2 (reasoning is long).
+     {"question": "Ann has 3 apples and buys 4 more. How many now?", "answer": "3 + 4 = 7\\n#### 7"}
+     {"prompt": "What is 6 times 7?", "target": 42}
+     {"question": "What is the capital of France?", "answer": "Paris"}
+   The question is the value of "prompt" (or, when absent, "question"), a non-empty string; the
+   answer is the value of "answer" (or "target"), a number or a string. In a string the answer is
+   what follows the last "####" (GSM8K writes "...reasoning...\\n#### 72") or else the whole
+   string: a number (commas as thousands separators are allowed, "1,234"), or else a text, graded
+   by normalised exact match (below); it has at most MAX_ANSWER_CHARS characters (a response's
+   longer answer is never read). Anything else is an error naming the file and the line, and so
+   is a line that Python's json cannot hold: nested too deeply, an integer of more than 4300
+   digits, a lone surrogate ("\\ud800", half of a UTF-16 pair, not a character).
+   The split hashes the question text; a file must leave at least one question in each split.
+   With a second file (--eval-task, e.g. GSM8K's test.jsonl) the first file is all training
+   questions and the second all held-out ones. prompts() draws without replacement when n fits
+   in the split; beyond that, training draws with replacement and an evaluation gets every
+   held-out question once.
+   Reward: the response's answer is the last number inside the last \\boxed{...} or \\fbox{...}
+   if there is one, else the first number after the last "####", else the last number of the
+   response; it scores 1.0 when it equals the target exactly ("72.0" == "72",
+   "1,234" == "1234", "−7" == "-7", "\\frac{1}{2}" == "0.5"). A number is read whole (a sign
+   + - − –, thousands commas, decimals, ".5", a fraction "\\frac{1}{2}", "\\dfrac", "\\tfrac",
+   "1/2") and must stand alone, else the response scores 0 (rather than being graded on some
+   other number):
+     - the word that holds it (words are split at spaces and "=") is the number, with at most a
+       "%" or a unit abbreviation glued to it ("25%", "72km", "90°"; not "25%2", "72km2", a
+       multiplier "85k", "85M", "85bn", a letter that may be a variable or a times sign "85x",
+       "85e", nor "$85m": money takes no unit), wrapped at most in brackets, quotes, "$"
+       (currency, before or after the sign, or LaTeX math), markdown bold or code, trailing
+       punctuation: "(85)", "**85**.", "$1,234", "-$3", "85,"; not "x85", "++85", "85!", "85²",
+       "√85", "2^10", "2\\frac{1}{2}", "7.2e3" (not read: 0), "10-3", nor digits of other
+       scripts ("８５", "٨٥": int() would read them, Countdown does not). A sign that is a word
+       of its own belongs to the number unless an operand precedes it ("= − 7" is -7; "10 − 7"
+       and "x − 7" are not);
+     - the words next to it on its line do not join it to something else: an operator
+       ("2 ^ 10", "10 - 3", "√ 85", "85 * 2", "85 % 2"; "85 %" is a percent sign set apart),
+       another number ("1 234" is 1234; after a comma or semicolon a number is the next item of
+       a list: "#### 85, 86" is 85), a LaTeX command ("\\sqrt 85", "85 \\times 2") or a word of
+       a short list ("sqrt 85", "negative 85", "2 x 85", "85 squared", "85 thousand": natural
+       language has more ways, these are the common ones). Around a \\boxed{...} the words
+       outside it count too ("\\boxed{85}^2" is not 85).
+   LaTeX's \\text{...}, \\$, \\%, \\( \\), \\[ \\], \\left, \\right, spacing commands, {,} and
+   ^\\circ are read as plain text first ("1\\,234" and "1{,}234" are 1234, "90^\\circ" is "90°");
+   a zero-width space is a space.
+   Only the last number counts, so "84 or 85" is graded on 85: naming several answers gains
+   nothing over naming the last one.
+   A text answer ("Paris") is compared with the response's final text: what follows its last
+   "####", else the content of its last \\boxed{...}, else its last non-empty line, without a
+   label in front ("Answer:", "The answer is"); both normalised as SQuAD's exact-match grader
+   does (case, punctuation, the articles a, an, the and extra spaces dropped), so
+   "#### the Eiffel Tower!" is "Eiffel tower" and "Paris, France" is not "Paris".
+   The chat instruction asks for "the final answer after '####'" (as a number when every answer
+   is one).
+   Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's
+   calculator notes "<<48/2=24>>" removed), else "#### <answer>": a demonstration follows the
+   instruction it sits under. default_few_shot = 2 (reasoning is long).
+
 4. Reverse: "reverse"
-   Prompt "reverse 48213=", target "31284": 3 to 6 digits (the count uniform, each digit uniform, leading
-   zeros allowed: it is a string, not a number). The split hashes the digit string.
-   Reward: the first run of digits in the response equals the target, so anything after the answer
-   is ignored ("31284 ......" scores 1.0, "3128 4" scores 0). The embedded long model
-   (common/models/long_model) answers and then hesitates: it writes a space and a random number of dots
-   after the answer; the reward never reads them, so the length of a response does not decide whether
-   it is right. Demonstration: the bare answer. default_few_shot = 3.
-5. A task of your own: `--task path/to/my_task.py`, a Python file with prompts(n, rng, split) and
-   reward(response_text, target) (see PluginTask): your data and your verifier, without editing the repository.
-   A reward never raises on model output: the repository's own verifiers are tested for it (tests/test_tasks.py
-   fuzzes them); a task of yours that raises scores 0 on that response, and the first time is reported.
+   Prompt "reverse 48213=", target "31284": 3 to 6 digits (the count uniform, each digit
+   uniform, leading zeros allowed: it is a string, not a number). The split hashes the digit
+   string.
+   Reward: the first run of digits in the response equals the target, so anything after the
+   answer is ignored ("31284 ......" scores 1.0, "3128 4" scores 0). The embedded long model
+   (common/models/long_model), pretrained on "reverse" only, answers and then hesitates: it
+   writes a space and a random number of dots after the answer; the reward never reads them, so
+   the length of a response does not decide whether it is right.
+   Demonstration: the bare answer. default_few_shot = 3.
+
+5. A task of your own: `--task path/to/my_task.py`, a Python file with prompts(n, rng, split)
+   and reward(response_text, target) (see PluginTask): your data and your verifier, without
+   editing the repository. A reward never raises on model output: the repository's own
+   verifiers are tested for it (tests/test_tasks.py fuzzes them); a task of yours that raises
+   scores 0 on that response, and the first time is reported.
 """
 
 import hashlib
@@ -144,7 +174,7 @@ EVAL_SEED = 1234  # fixed: the held-out questions are the same in every run
 
 
 def _hash_unit(text: str) -> float:
-    """A fixed, seed-independent hash of a string, mapped to [0, 1) (Python's hash() is salted per process)."""
+    """A fixed, seed-independent hash of text, in [0, 1) (Python's hash() is salted per process)."""
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big") / 2**64
 
 
@@ -153,54 +183,75 @@ def _check_split(split: str):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
 
 
-# ---------------------------------------------------------------- the number a response answers with (1 and 3)
+# ---------------------------------------------------------------- a response's number (1 and 3)
 
-MAX_ANSWER_CHARS = 100  # a longer number is not read (int() refuses more than 4300 digits), nor allowed in a data file
+# longer answers: not read (int() refuses 4300+ digits), nor allowed in a data file
+MAX_ANSWER_CHARS = 100
 
 # The digits of a number: thousands commas or plain digits, then decimals.
 _UNSIGNED = r"(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?"
-# A fraction of whole numbers, "\frac{1}{2}" (or \dfrac, \tfrac) or "1/2"; a zero denominator is no number.
+# A fraction: "\frac{1}{2}" (or \dfrac, \tfrac) or "1/2"; a zero denominator is no number
 _NONZERO = r"0*[1-9][0-9]*"
 _FRACTION = rf"\\[dt]?frac\{{[0-9]+\}}\{{{_NONZERO}\}}|[0-9]+/{_NONZERO}"
-# Units that may be glued to a number ("72km"), spelled as listed. Not a letter that may be a variable or a times sign
-# ("85x", "85e"), nor a multiplier ("85k", "85M", "85bn").
-_UNITS = "|".join(["mm", "cm", "m", "km", "in", "ft", "yd", "mi", "mg", "g", "kg", "lb", "lbs", "oz", "ml", "mL", "l",
-                   "L", "gal", "s", "sec", "min", "h", "hr", "hrs", "mph", "km/h", "m/s", "°", "°C", "°F"])
-# A word that is a number: a sign (+, the hyphen, the minus signs − and –), a value (".5" and fractions too) and
-# at most a percent sign or a unit glued to it, wrapped at most in what leaves the value alone: brackets, quotes,
-# "$" (currency, before or after the sign, or LaTeX math), markdown bold or code, trailing punctuation. "x85", "85!",
-# "85²", "2^10", "7.2e3", "10-3", "√85", "++85", "25%2" and "72km2" do not match: they are formulas. Nor do digits of
-# other scripts ("８５", "٨٥"): int() would read them, Countdown does not, nor does this.
+# Units a number may carry ("72km"); not a multiplier ("85k") or a variable ("85x")
+_UNITS = "|".join([
+    "mm", "cm", "m", "km", "in", "ft", "yd", "mi",
+    "mg", "g", "kg", "lb", "lbs", "oz",
+    "ml", "mL", "l", "L", "gal",
+    "s", "sec", "min", "h", "hr", "hrs",
+    "mph", "km/h", "m/s",
+    "°", "°C", "°F",
+])
+# A word that is a number, maybe wrapped: "(85)", "**85**." (module docstring, 3)
 _NUMBER_WORD = re.compile(
-    rf"[$(\[\"'“‘*`]*(?P<sign>[-−–+]?)\$?(?P<value>{_FRACTION}|{_UNSIGNED}|\.[0-9]+)(?P<suffix>%|{_UNITS})?"
-    r"[)\]\"'”’*`.,;:?$]*"
+    r"[$(\[\"'“‘*`]*"  # brackets, quotes, "$", bold, code
+    r"(?P<sign>[-−–+]?)\$?"  # "-$3"
+    rf"(?P<value>{_FRACTION}|{_UNSIGNED}|\.[0-9]+)"
+    rf"(?P<suffix>%|{_UNITS})?"
+    r"[)\]\"'”’*`.,;:?$]*"  # and trailing punctuation
 )
-_PERCENT_WORD = re.compile(r"%[)\]\"'”’*`.,;:?$]*")  # "85 %": a percent sign set apart, as French typesets it
+# "85 %": a percent sign set apart, as French typesets it
+_PERCENT_WORD = re.compile(r"%[)\]\"'”’*`.,;:?$]*")
 _MINUS_SIGNS = ("-", "−", "–")
-# Words: split at spaces, with "=" and each newline a word of their own (in "3+4=7" the answer 7 follows "=",
-# not "3+4"; a newline ends the neighbourhood of a number).
-_WORDS = re.compile(r"\n|=|[^\s=]+")
+# Words: split at spaces; "=" and each newline (which ends a number's neighbourhood) are words
+_WORDS = re.compile(r"\n|=|[^\s=]+")  # "3+4=7": 7 follows "=", not "3+4"
 
-# Neighbours that make a number part of a formula. The word before: its last character ("2 ^ 85", "10 - 3",
-# "√ 85", "sqrt( 85", "\frac{3}{ 2", "(2) 85" is a product) or its letters ("sqrt 85", "negative 85").
+# Before a number: the last characters and words that join it to a formula
 _JOINS_BEFORE = set("+-−–*∗×·⋅∙/∕⁄÷^√∛∜±∓<>≤≥≠~({)]}%")
-_WORDS_BEFORE = {"sqrt", "cbrt", "root", "log", "ln", "exp", "sin", "cos", "tan", "minus", "negative", "plus", "times",
-                 "x", "over", "mod"}
-# The word after: its first character ("85 * 2", "85 !", "85 - 3") or its letters ("85 squared", "85 x 2").
+_WORDS_BEFORE = {
+    "sqrt", "cbrt", "root", "log", "ln", "exp", "sin", "cos", "tan",
+    "minus", "negative", "plus", "times", "x", "over", "mod",
+}
+# After a number: the first characters and words that join it to a formula
 _JOINS_AFTER = set("+-−–*∗×·⋅∙/∕⁄÷^±∓<>≤≥≠!%‰")
-_WORDS_AFTER = {"squared", "cubed", "factorial", "hundred", "thousand", "million", "billion", "trillion",
-                "times", "x", "plus", "minus", "over", "divided", "mod"}
-_PUNCTUATION = ".,;:!?*\"'()[]“”‘’"  # stripped from a neighbour before looking it up in the word lists
-_LATEX_COMMAND_AT_END = re.compile(r"\\[A-Za-z]+[{(]?$")  # "\sqrt", "\log", "\cdot", "\sqrt{" before a number
+_WORDS_AFTER = {
+    "squared", "cubed", "factorial", "hundred", "thousand", "million", "billion", "trillion",
+    "times", "x", "plus", "minus", "over", "divided", "mod",
+}
+# stripped from a neighbour before looking it up in the word lists
+_PUNCTUATION = ".,;:!?*\"'()[]“”‘’"
+# "\sqrt", "\log", "\cdot", "\sqrt{" before a number
+_LATEX_COMMAND_AT_END = re.compile(r"\\[A-Za-z]+[{(]?$")
 
-# Invisible characters: a zero-width space separates words, the others (joiners, a byte order mark, a soft hyphen)
-# separate nothing. The invisible operators U+2061-U+2064 stay, and refuse the number ("2\u206285" is 2 times 85).
-_INVISIBLE = {"\u200b": " ", "\u200c": "", "\u200d": "", "\u2060": "", "\ufeff": "", "\u00ad": ""}
-# LaTeX that is plain text or spacing; \text{...} and its kin hold words ("72 \text{ apples}").
+# Invisible characters; the invisible operators U+2061-U+2064 stay ("2\u206285" is 2 times 85)
+_INVISIBLE = {
+    "\u200b": " ",  # a zero-width space separates words
+    "\u200c": "",  # zero-width non-joiner
+    "\u200d": "",  # zero-width joiner
+    "\u2060": "",  # word joiner
+    "\ufeff": "",  # byte order mark
+    "\u00ad": "",  # soft hyphen
+}
+# \text{...} and its kin hold words ("72 \text{ apples}")
 _LATEX_TEXT = re.compile(r"\\(?:text|textrm|textbf|mathrm|mbox)\{([^{}]*)\}")
-_LATEX_PLAIN = {"\\$": "$", "\\%": "%", "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "\\left": "", "\\right": "",
-                "\\,": "", "\\!": "", "\\;": " ", "\\:": " ", "\\ ": " ", "\\quad": " ",  # "1\,234": a thin space
-                "{,}": ",", "^{\\circ}": "°", "^\\circ": "°"}  # "1{,}234" keeps the comma from math spacing
+# LaTeX that is plain text or spacing
+_LATEX_PLAIN = {
+    "\\$": "$", "\\%": "%",
+    "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "\\left": "", "\\right": "",
+    "\\,": "", "\\!": "", "\\;": " ", "\\:": " ", "\\ ": " ", "\\quad": " ",  # "1\,234": thin space
+    "{,}": ",",  # "1{,}234" keeps the comma from math spacing
+    "^{\\circ}": "°", "^\\circ": "°",
+}
 
 
 def _replaced(text: str, table: dict[str, str]) -> str:
@@ -210,8 +261,8 @@ def _replaced(text: str, table: dict[str, str]) -> str:
 
 
 def _last_boxed(text: str) -> tuple[int, int, int] | None:
-    """Where the last \\boxed{...} or \\fbox{...} is: (start of the command, begin and end of its content; braces may
-    nest), or None when there is none or it is not closed."""
+    """Where the last \\boxed{...} or \\fbox{...} is: (start of the command, begin and end of its
+    content; braces may nest), or None when there is none or it is not closed."""
     start = max(text.rfind("\\boxed{"), text.rfind("\\fbox{"))
     if start < 0:
         return None
@@ -227,19 +278,22 @@ def _last_boxed(text: str) -> tuple[int, int, int] | None:
 
 
 def _joins_before(word: str) -> bool:
-    """Whether `word`, just before a number (or a box) on its line, makes it part of a formula."""
+    """Whether `word`, just before a number (or a box) on its line, makes it part of a formula: by
+    its last character ("2 ^ 85", "10 - 3", "√ 85", "sqrt( 85", "\\frac{3}{ 2", "(2) 85" is a
+    product) or its letters ("sqrt 85", "negative 85")."""
     if any(char.isalpha() for char in word):
-        word = word.rstrip("*")  # markdown bold closing a label ("**Answer:** 85") is not a times sign
+        word = word.rstrip("*")  # bold closing a label ("**Answer:** 85"), not a times sign
     return (
         word[-1] in _JOINS_BEFORE
-        or word[-1].isnumeric()  # "1 234" is one number with a space as thousands separator, not 234
+        or word[-1].isnumeric()  # "1 234" is 1234 (a space as thousands separator), not 234
         or _LATEX_COMMAND_AT_END.search(word) is not None
         or word.strip(_PUNCTUATION).lower() in _WORDS_BEFORE
     )
 
 
 def _joins_after(word: str) -> bool:
-    """Whether `word`, just after a number (or a box) on its line, makes it part of a formula."""
+    """Whether `word`, just after a number (or a box) on its line, makes it part of a formula: by
+    its first character ("85 * 2", "85 !", "85 - 3") or its letters ("85 squared", "85 x 2")."""
     return (
         word[0] in _JOINS_AFTER
         or word[0].isnumeric()  # "85 000" is 85000, "85 ²" is 85 squared
@@ -249,25 +303,30 @@ def _joins_after(word: str) -> bool:
 
 
 def _ends_operand(word: str) -> bool:
-    """Whether `word` may be the left side of a minus sign after it: "x", "2n", "5!", "50%" (but not "is", "=")."""
+    """Whether `word` may be the left side of a minus sign after it: "x", "2n", "5!", "50%" (but
+    not "is", "=")."""
     variable = word[-1].isalpha() and (len(word) == 1 or any(char.isdigit() for char in word))
     return variable or word[-1] in "!%‰°′″"
 
 
 def _stands_alone(text: str, start: int, end: int) -> bool:
-    """Whether neither the word just before text[start:end] nor the word just after it, on its line, joins it to
-    a formula (the words are those of text as a whole: a neighbour may lie outside a box)."""
+    """Whether neither the word just before text[start:end] nor the word just after it, on its
+    line, joins it to a formula (the words are those of text as a whole: a neighbour may lie
+    outside a box)."""
     before, after = _WORDS.findall(text[:start]), _WORDS.findall(text[end:])
     joined_before = bool(before) and before[-1] != "\n" and _joins_before(before[-1])
-    # a comma or semicolon ends a number: in "#### 85, 86" the 86 is the next item of a list (GSM8K's grader reads 85)
-    next_item = text[start:end].endswith((",", ";")) and bool(after) and after[0][0] in "0123456789"
+    # "#### 85, 86": after a comma or semicolon comes the next item of a list
+    next_item = (
+        text[start:end].endswith((",", ";")) and bool(after) and after[0][0] in "0123456789"
+    )
     joined_after = bool(after) and after[0] != "\n" and not next_item and _joins_after(after[0])
     return not (joined_before or joined_after)
 
 
 def _detached_sign(text: str, begin: int, start: int) -> tuple[int, str]:
-    """(start, sign) of a sign that is a word of its own just before the number at `start` and after `begin` ("= − 7",
-    "is + 85"); (start, "") when there is none, or when it is a binary operator ("44 − 7", "x − 7")."""
+    """(start, sign) of a sign that is a word of its own just before the number at `start` and
+    after `begin` ("= − 7", "is + 85"); (start, "") when there is none, or when it is a binary
+    operator ("44 − 7", "x − 7")."""
     words = list(_WORDS.finditer(text, 0, start))
     if not words or words[-1].group() not in ("+", *_MINUS_SIGNS) or words[-1].start() < begin:
         return start, ""
@@ -278,7 +337,8 @@ def _detached_sign(text: str, begin: int, start: int) -> tuple[int, str]:
 
 
 def _percent_end(text: str, end: int) -> int:
-    """The end of a percent sign set apart just after a number that ends at `end` ("85 %"), else `end`."""
+    """The end of a percent sign set apart just after a number that ends at `end` ("85 %"), else
+    `end`."""
     following = _WORDS.search(text, end)
     return following.end() if following and _PERCENT_WORD.fullmatch(following.group()) else end
 
@@ -291,17 +351,21 @@ def _value_text(value: str) -> str:
 
 
 def _read_number(text: str, begin: int, end: int, first: bool) -> str | None:
-    """The first (or last) word of text[begin:end] that holds a digit, as a number Fraction reads ("-1234", "1/2"),
-    when it is one and stands alone; None when there is no such word or it is a formula: the answer is then wrong,
-    never some other number of the response."""
-    # any script's digits count here ("٨٥", "８５", "²"), so that they make the answer wrong rather than unseen
-    holding = [w for w in _WORDS.finditer(text, begin, end) if any(char.isdigit() for char in w.group())]
+    """The first (or last) word of text[begin:end] that holds a digit, as a number Fraction reads
+    ("-1234", "1/2"), when it is one and stands alone; None when there is no such word or it is a
+    formula: the answer is then wrong, never some other number of the response."""
+    # any script's digits ("８５", "²"): a wrong answer, not an unseen one
+    holding = [
+        w for w in _WORDS.finditer(text, begin, end) if any(char.isdigit() for char in w.group())
+    ]
     if not holding:
         return None
     word = holding[0] if first else holding[-1]
     number = _NUMBER_WORD.fullmatch(word.group()) if len(word.group()) <= MAX_ANSWER_CHARS else None
-    # money takes no unit (the m of "$85m" is million); a lone "$" is currency, LaTeX math comes in pairs ("$90°$")
-    if number is None or (number.group("suffix") not in (None, "%") and word.group().count("$") == 1):
+    # money takes no unit ("$85m" is millions); LaTeX math ("$90°$") has two "$"
+    if number is None or (
+        number.group("suffix") not in (None, "%") and word.group().count("$") == 1
+    ):
         return None
     start, sign = word.start(), number.group("sign")
     if not sign:
@@ -313,15 +377,16 @@ def _read_number(text: str, begin: int, end: int, first: bool) -> str | None:
 
 
 def final_answer(response_text: str) -> str | None:
-    """The number a response answers with (module docstring, 3), as Fraction reads it: the last number in the last
-    \\boxed{...} or \\fbox{...}, else the first number after the last "####", else the last number of the response;
-    None when there is none, or when that number does not stand alone."""
+    """The number a response answers with (module docstring, 3), as Fraction reads it: the last
+    number in the last \\boxed{...} or \\fbox{...}, else the first number after the last "####",
+    else the last number of the response; None when there is none, or when that number does not
+    stand alone. The words around a box are the neighbours of a number at its edge
+    ("2^\\boxed{10}", "\\boxed{85}^2")."""
     text = _replaced(_LATEX_TEXT.sub(r" \1 ", response_text), {**_INVISIBLE, **_LATEX_PLAIN})
     box = _last_boxed(text)
     if box is not None:
         start, begin, end = box
-        # blank out "\boxed{" and its "}" (same length, so the span holds): the words around the box are then the
-        # neighbours of a number at its edge ("2^\boxed{10}", "\boxed{85}^2")
+        # blank "\boxed{" and "}" out, same length, so the span holds
         text = text[:start] + " " * (begin - start) + text[begin:end] + " " + text[end + 1 :]
         return _read_number(text, begin, end, first=False)
     if "####" in text:
@@ -333,7 +398,8 @@ def final_answer(response_text: str) -> str | None:
 # ---------------------------------------------------------------- 1. arithmetic
 
 def _in_test_split(a: int, b: int) -> bool:
-    """A fixed, seed-independent hash decides the split of an operand pair (Knuth's multiplicative hash)."""
+    """A fixed, seed-independent hash decides the split of an operand pair (Knuth's
+    multiplicative hash)."""
     h = ((a * 1_000_003 + b) * 2_654_435_761) % 2**32
     return h < TEST_FRACTION * 2**32
 
@@ -366,34 +432,51 @@ class Arithmetic:
         return out
 
     def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
-        # The sum written out ("37 + 48 = 85"): a small chat model shown bare numbers ("85") as answers drops to ~3 %
-        # accuracy (SmolLM2-135M-Instruct, 2-digit addition), shown the sum written out it writes one and gets ~30 %.
+        """Training prompts, each with its sum written out ("37 + 48 = 85"). Shown bare numbers
+        ("85") as answers, a small chat model drops to ~3 % accuracy (SmolLM2-135M-Instruct,
+        2-digit addition); shown the sum written out, it writes one and gets ~30 %."""
         pairs = self.prompts(k, rng, split="train")
-        return [(prompt, f"{prompt[:-1].replace(self.op, f' {self.op} ', 1)} = {target}") for prompt, target in pairs]
+        return [
+            (prompt, f"{prompt[:-1].replace(self.op, f' {self.op} ', 1)} = {target}")
+            for prompt, target in pairs
+        ]
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
-        # as text, not as a value: "085", "85.0" and "170/2" are not 85 written as an integer ("085" always scored 0)
+        """Compared as text, not as a value: "085", "85.0" and "170/2" are not 85 written as an
+        integer ("085" always scored 0)."""
         return 1.0 if final_answer(response_text) == target else 0.0
 
 
 # ---------------------------------------------------------------- 2. countdown
 
-MAX_EXPRESSION_CHARS = 200  # longer expressions score 0 unread (a solution with 4 numbers needs ~30)
+MAX_EXPRESSION_CHARS = 200  # longer ones score 0 unread (4 numbers need ~30)
 MAX_DEPTH = 20  # deeper parenthesis nesting scores 0 (bounds the parser's recursion)
 
-_LATEX = {"\\\\": "\n", "\\times": "*", "\\cdot": "*", "\\div": "/", "\\left": "", "\\right": "",
-          "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "$": " ", "`": " "}  # and markdown's code quotes
-_EMOJI_PARTS = "\ufe0e\ufe0f\U0001F3FB\U0001F3FC\U0001F3FD\U0001F3FE\U0001F3FF"  # variation selectors, skin tones
-_CLAIM_OPENED = re.compile(r"[(\[]\s*$")  # the bracket of a claimed value, "3 * 7 + 25 (= 46)", left before "="
-_BOLD = re.compile(r"(\*\*?)(.+)\1")  # markdown emphasis around the whole text, "**3 + 4 = 7**": never a times sign
-_OPERATORS = {"+": "+", "-": "-", "−": "-", "–": "-", "*": "*", "×": "*", "·": "*", "/": "/", "÷": "/"}
-# A label before the expression: words of letters only (so no number, operator or bracket hides in it), each may end
-# with ",", the last one ending with ":" or being "is", or ending with "," just before the expression; markdown bold
-# around it. "Answer:", "**Final answer:**", "Therefore, the answer is", "Thus, ". A function name is no label:
-# "sqrt(...)" and "log 3 + ..." stay in front of the expression, and so does a label holding a word that names an
-# operation ("sqrt, (...)", "negative: 3 + 4"; the words of _WORDS_BEFORE).
-_LABEL = re.compile(r"\**(?:[^\W\d_]+,?[ \t]+)*?(?:[^\W\d_]+\**:|is[ \t]|[^\W\d_]+,(?=[ \t]*[\d(]))\**")
+_LATEX = {
+    "\\\\": "\n",
+    "\\times": "*", "\\cdot": "*", "\\div": "/", "\\left": "", "\\right": "",
+    "\\(": " ", "\\)": " ", "\\[": " ", "\\]": " ", "$": " ",
+    "`": " ",  # markdown's code quotes
+}
+# variation selectors, skin tones
+_EMOJI_PARTS = "\ufe0e\ufe0f\U0001F3FB\U0001F3FC\U0001F3FD\U0001F3FE\U0001F3FF"
+_CLAIM_OPENED = re.compile(r"[(\[]\s*$")  # the bracket opening a claimed value ("... (= 46)")
+# markdown emphasis around the whole text, "**3 + 4 = 7**": never a times sign
+_BOLD = re.compile(r"(\*\*?)(.+)\1")
+_OPERATORS = {
+    "+": "+",
+    "-": "-", "−": "-", "–": "-",
+    "*": "*", "×": "*", "·": "*",
+    "/": "/", "÷": "/",
+}
+# A label before an answer, maybe bold: "Answer:", "**Final answer:**", "Therefore, the answer is"
+_LABEL = re.compile(
+    # words of letters only, each may end with ","
+    r"\**(?:[^\W\d_]+,?[ \t]+)*?"
+    # the last ends with ":", is "is", or ends with "," just before the expression
+    r"(?:[^\W\d_]+\**:|is[ \t]|[^\W\d_]+,(?=[ \t]*[\d(]))\**"
+)
 
 
 class _Parser:
@@ -403,7 +486,8 @@ class _Parser:
         term   := factor (("*" | "/") factor)*
         factor := INTEGER | "(" expr ")"
 
-    Builds a tree: an int leaf, or a tuple (op, left, right). Raises ValueError when not well-formed."""
+    Builds a tree: an int leaf, or a tuple (op, left, right).
+    Raises ValueError when not well-formed."""
 
     def __init__(self, text: str):
         self.tokens = []  # ints, and the one-character strings + - * / ( )
@@ -486,8 +570,9 @@ def _evaluate(tree) -> Fraction:
 
 
 def _without_decoration(text: str) -> str:
-    """`text` without the emoji and other pictographs that end it ("3 + 4 🎉"): Unicode's "other symbols" (not "°",
-    a unit), with their variation selectors and skin tones; never "!", "²" or "√", which change a value."""
+    """`text` without the emoji and other pictographs that end it ("3 + 4 🎉"): Unicode's "other
+    symbols" (not "°", a unit), with their variation selectors and skin tones; never "!", "²" or
+    "√", which change a value."""
     end = len(text)
     while end and (text[end - 1].isspace() or text[end - 1] in _EMOJI_PARTS
                    or (unicodedata.category(text[end - 1]) == "So" and text[end - 1] != "°")):
@@ -496,9 +581,13 @@ def _without_decoration(text: str) -> str:
 
 
 def countdown_expression(response_text: str) -> str | None:
-    """The expression a Countdown response is graded on (rules a-c of the module docstring), or None.
-    Only a label, a claimed value, decoration and a full stop are taken off: whatever else surrounds the expression
-    stays, and fails to parse."""
+    """The expression a Countdown response is graded on (module docstring, rules a-c), or None.
+
+    Only a label, a claimed value, decoration and a full stop are taken off: whatever else
+    surrounds the expression stays, and fails to parse. A label holds words of letters only, so
+    no number, operator or bracket hides in it. A function name is no label: "sqrt(...)" and
+    "log 3 + ..." stay in front of the expression, and so does a label holding a word that names
+    an operation ("sqrt, (...)", "negative: 3 + 4"; the words of _WORDS_BEFORE)."""
     text = _replaced(response_text, {**_INVISIBLE, **_LATEX})
     box = _last_boxed(text)
     if box is not None:
@@ -517,41 +606,48 @@ def countdown_expression(response_text: str) -> str | None:
     label = _LABEL.match(text)
     if label and not _WORDS_BEFORE.intersection(re.findall(r"[^\W\d_]+", label.group().lower())):
         text = text[label.end() :].lstrip()
-    if text.endswith((".", ",", ";", "?")):  # the end of a sentence, never a decimal point: none is allowed
+    if text.endswith((".", ",", ";", "?")):  # a sentence's end: no decimal point is allowed
         text = text[:-1].rstrip()
     return text or None
 
 
 class Countdown:
-    """Reach a target with 3-4 given numbers, + - * / and parentheses, each number used exactly once."""
+    """Reach a target with 3-4 numbers, + - * / and parentheses, each number used exactly once."""
 
     name = "countdown"
-    instruction = "Write one arithmetic expression that makes the target as the last line of your answer."
+    instruction = (
+        "Write one arithmetic expression that makes the target as the last line of your answer."
+    )
     default_few_shot = 3
 
-    def __init__(self, min_count: int = 3, max_count: int = 4, max_number: int = 25, max_target: int = 100):
+    def __init__(
+        self, min_count: int = 3, max_count: int = 4, max_number: int = 25, max_target: int = 100
+    ):
         self.min_count, self.max_count = min_count, max_count
         self.max_number, self.max_target = max_number, max_target
 
     @staticmethod
     def _combine(left, op: str, right):
-        """Join two (value, text, precedence) items with `op`, adding only the parentheses needed."""
+        """Join two (value, text, precedence) items with `op`, adding only the parentheses needed:
+        a - (b + c) and a / (b * c) keep theirs; a + (b - c) and a * (b / c) need none."""
         precedence = 1 if op in "+-" else 2
         left_text = f"({left[1]})" if left[2] < precedence else left[1]
-        # a - (b + c) and a / (b * c) keep their parentheses; a + (b - c) and a * (b / c) need none
         right_needs_parentheses = right[2] < precedence or (right[2] == precedence and op in "-/")
         right_text = f"({right[1]})" if right_needs_parentheses else right[1]
         a, b = left[0], right[0]
-        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]  # "/" only comes exact (see puzzle)
+        # "/" only comes exact (see puzzle)
+        value = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
         return value, f"{left_text} {op} {right_text}", precedence
 
     def puzzle(self, rng: random.Random) -> tuple[list[int], int, str]:
-        """(numbers, target, an expression that reaches it), built as the module docstring describes."""
-        # the count is drawn once: a retry keeps it, so 3 and 4 numbers stay equally likely
+        """(numbers, target, an expression that reaches it), built as the module docstring
+        describes."""
+        # drawn once, kept on a retry: 3 and 4 numbers stay equally likely
         count = rng.randint(self.min_count, self.max_count)
         while True:
             numbers = [rng.randint(1, self.max_number) for _ in range(count)]
-            items = [(number, str(number), 3) for number in numbers]  # (value, text, precedence); 3 = atom
+            # (value, text, precedence); precedence 3 = an atom
+            items = [(number, str(number), 3) for number in numbers]
             while len(items) > 1:
                 left = items.pop(rng.randrange(len(items)))
                 right = items.pop(rng.randrange(len(items)))
@@ -577,7 +673,10 @@ class Countdown:
     @staticmethod
     def prompt(numbers: list[int], target: int) -> str:
         listed = ", ".join(map(str, numbers))
-        return f"Using the numbers {listed}, make {target} with + - * / and parentheses, each number exactly once."
+        return (
+            f"Using the numbers {listed}, make {target} with + - * / and parentheses,"
+            " each number exactly once."
+        )
 
     @staticmethod
     def target_string(numbers: list[int], target: int) -> str:
@@ -585,11 +684,16 @@ class Countdown:
 
     def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
         puzzles = self._draw(n, rng, split)
-        return [(self.prompt(numbers, target), self.target_string(numbers, target)) for numbers, target, _ in puzzles]
+        return [
+            (self.prompt(numbers, target), self.target_string(numbers, target))
+            for numbers, target, _ in puzzles
+        ]
 
     def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
         puzzles = self._draw(k, rng, "train")
-        return [(self.prompt(numbers, target), expression) for numbers, target, expression in puzzles]
+        return [
+            (self.prompt(numbers, target), expression) for numbers, target, expression in puzzles
+        ]
 
     @staticmethod
     def reward(response_text: str, target: str) -> float:
@@ -602,7 +706,7 @@ class Countdown:
             tree = _Parser(expression).parse()
         except ValueError:
             return 0.0
-        if sorted(_leaves(tree)) != numbers:  # checked before evaluating: at most 4 small numbers get there
+        if sorted(_leaves(tree)) != numbers:  # checked first: at most 4 small numbers get evaluated
             return 0.0
         try:
             return 1.0 if _evaluate(tree) == goal else 0.0
@@ -617,8 +721,9 @@ _CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")  # GSM8K's "<<48/2=24>>"
 
 
 def _lone_surrogate(text: str) -> str | None:
-    """The first lone surrogate in `text` (JSON's "\\ud800" escapes give one: half of a UTF-16 pair, which no
-    UTF-8 text, tokenizer or hash can take), written as its escape; None when there is none."""
+    """The first lone surrogate in `text` (JSON's "\\ud800" escapes give one: half of a UTF-16
+    pair, which no UTF-8 text, tokenizer or hash can take), written as its escape; None when there
+    is none."""
     for char in text:
         if "\ud800" <= char <= "\udfff":
             return f"\\u{ord(char):04x}"
@@ -626,16 +731,17 @@ def _lone_surrogate(text: str) -> str | None:
 
 
 def _normalised(text: str) -> str:
-    """A text answer as exact match compares it (SQuAD's grader): lower case, punctuation and the articles a, an,
-    the dropped, spaces collapsed; compatibility forms folded ("ﬁ" is "fi")."""
+    """A text answer as exact match compares it (SQuAD's grader): lower case, punctuation and the
+    articles a, an, the dropped, spaces collapsed; compatibility forms folded ("ﬁ" is "fi")."""
     text = unicodedata.normalize("NFKC", text).lower()
     text = "".join(" " if unicodedata.category(char).startswith("P") else char for char in text)
     return " ".join(word for word in text.split() if word not in ("a", "an", "the"))
 
 
 def final_text(response_text: str) -> str:
-    """The text a response answers with: what follows the last "####", else the content of the last \\boxed{...},
-    else its last non-empty line; then without a label in front ("Answer:", "The answer is")."""
+    """The text a response answers with: what follows the last "####", else the content of the
+    last \\boxed{...}, else its last non-empty line; then without a label in front ("Answer:",
+    "The answer is")."""
     if "####" in response_text:
         text = response_text.rsplit("####", 1)[1]
     elif _last_boxed(response_text) is not None:
@@ -650,13 +756,14 @@ def final_text(response_text: str) -> str:
 
 
 class JsonlTask:
-    """Questions and answers (numbers or texts) read from a JSON Lines file (format in the module docstring)."""
+    """Questions and answers (numbers or texts) read from a JSON Lines file (format in the module
+    docstring)."""
 
     default_few_shot = 2
 
     def __init__(self, path: str, test_path: str | None = None):
-        """Questions of `path`, split by a hash of their text; or, given `test_path` (a dataset's official test
-        file), all of `path` to train on and all of `test_path` held out."""
+        """Questions of `path`, split by a hash of their text; or, given `test_path` (a dataset's
+        official test file), all of `path` to train on and all of `test_path` held out."""
         self.path, self.name = str(path), Path(path).stem
         self.splits = {"train": [], "test": []}  # lists of (question, target, solution_text)
         for file in (path,) if test_path is None else (path, test_path):
@@ -668,15 +775,22 @@ class JsonlTask:
                 self.splits[split].append((question, target, solution))
         if not self.splits["train"] and not self.splits["test"]:
             raise ValueError(f"{path}: no questions (the file is empty)")
-        numbers = all(_DATA_NUMBER.fullmatch(target) for records in self.splits.values() for _, target, _ in records)
+        numbers = all(
+            _DATA_NUMBER.fullmatch(target)
+            for records in self.splits.values()
+            for _, target, _ in records
+        )
         self.instruction = f"Give the final answer{' as a number' if numbers else ''} after '####'."
         for split, records in self.splits.items():
             if not records and test_path is not None:
-                raise ValueError(f"{path if split == 'train' else test_path}: no questions (the file is empty)")
+                raise ValueError(
+                    f"{path if split == 'train' else test_path}: no questions (the file is empty)"
+                )
             if not records:
                 raise ValueError(
-                    f"{path}: no question falls in the {split} split ({TEST_FRACTION:.0%} of questions are held out "
-                    f"by a hash of their text); add more lines"
+                    f"{path}: no question falls in the {split} split"
+                    f" ({TEST_FRACTION:.0%} of questions are held out by a hash of their text);"
+                    " add more lines"
                 )
 
     @classmethod
@@ -697,18 +811,23 @@ class JsonlTask:
 
     @staticmethod
     def _read_record(line: str, where: str) -> tuple[str, str, str]:
-        """One line -> (question, target, solution_text); ValueError naming `where` when malformed."""
+        """One line -> (question, target, solution_text); ValueError naming `where` when
+        malformed."""
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-        except RecursionError:  # json reads nested arrays and objects by recursion, up to Python's recursion limit
+        except RecursionError:  # json recurses into nested arrays and objects
             raise ValueError(f"{where}: JSON nested too deeply to read") from None
-        except ValueError:  # the one other error of json.loads: int() refuses a JSON integer of more than 4300 digits
+        except ValueError:  # json.loads's one other error: an integer of over 4300 digits
             limit = sys.get_int_max_str_digits()
-            raise ValueError(f"{where}: a number with more than {limit} digits (more than Python reads)") from None
+            raise ValueError(
+                f"{where}: a number with more than {limit} digits (more than Python reads)"
+            ) from None
         if not isinstance(record, dict):
-            raise ValueError(f"{where}: expected a JSON object {{...}}, got {type(record).__name__}")
+            raise ValueError(
+                f"{where}: expected a JSON object {{...}}, got {type(record).__name__}"
+            )
         question = record.get("prompt", record.get("question"))
         if not isinstance(question, str) or not question.strip():
             raise ValueError(f"{where}: needs a non-empty string under \"prompt\" or \"question\"")
@@ -716,27 +835,35 @@ class JsonlTask:
         for text in (question, answer):
             surrogate = _lone_surrogate(text) if isinstance(text, str) else None
             if surrogate:
-                raise ValueError(f"{where}: {surrogate} is a lone surrogate (half of a UTF-16 pair), not a character")
+                raise ValueError(
+                    f"{where}: {surrogate} is a lone surrogate (half of a UTF-16 pair),"
+                    " not a character"
+                )
         if isinstance(answer, (int, float)) and not isinstance(answer, bool):
             if not math.isfinite(answer):
                 raise ValueError(f"{where}: the answer must be a finite number, got {answer}")
             target = str(answer)
-            solution = target
+            solution = f"#### {target}"  # as the instruction asks: the answer after "####"
         elif isinstance(answer, str):
             final = answer.rsplit("####", 1)[-1].strip()
             if not _normalised(final):
-                raise ValueError(f"{where}: the answer is empty (or only punctuation), got {answer!r}")
-            target = final.replace(",", "") if _DATA_NUMBER.fullmatch(final) else final  # a number, or a text
-            solution = _CALCULATOR_NOTE.sub("", answer).strip() if "####" in answer else target
+                raise ValueError(
+                    f"{where}: the answer is empty (or only punctuation), got {answer!r}"
+                )
+            # a number, or a text
+            target = final.replace(",", "") if _DATA_NUMBER.fullmatch(final) else final
+            solution = _CALCULATOR_NOTE.sub("", answer).strip() if "####" in answer else f"#### {target}"
         else:
             raise ValueError(f"{where}: needs a number or a string under \"answer\" or \"target\"")
-        if len(target) > MAX_ANSWER_CHARS:  # a response's answer that long is never read: no reward could be earned
+        # a response's answer that long is never read: no reward could be earned
+        if len(target) > MAX_ANSWER_CHARS:
             raise ValueError(f"{where}: the answer has more than {MAX_ANSWER_CHARS} characters")
         return question, target, solution
 
     def _sample(self, n: int, rng: random.Random, split: str) -> list[tuple[str, str, str]]:
-        """n records without replacement; more than the split holds: training draws with replacement, an evaluation
-        gets every held-out question once (so that --eval-size >= the test file's length evaluates all of it)."""
+        """n records without replacement; more than the split holds: training draws with
+        replacement, an evaluation gets every held-out question once (so that --eval-size >= the
+        test file's length evaluates all of it)."""
         _check_split(split)
         records = self.splits[split]
         if n <= len(records) or split == "test":
@@ -753,7 +880,8 @@ class JsonlTask:
     def reward(response_text: str, target: str) -> float:
         if not _DATA_NUMBER.fullmatch(target):  # a text answer: normalised exact match
             return 1.0 if _normalised(final_text(response_text)) == _normalised(target) else 0.0
-        answer = final_answer(response_text)  # at most MAX_ANSWER_CHARS characters: Fraction reads it at once
+        # at most MAX_ANSWER_CHARS characters: Fraction reads it at once
+        answer = final_answer(response_text)
         return 1.0 if answer is not None and Fraction(answer) == Fraction(target) else 0.0
 
 
@@ -776,7 +904,10 @@ class Reverse:
         _check_split(split)
         out = []
         while len(out) < n:
-            digits = "".join(rng.choice("0123456789") for _ in range(rng.randint(self.min_digits, self.max_digits)))
+            digits = "".join(
+                rng.choice("0123456789")
+                for _ in range(rng.randint(self.min_digits, self.max_digits))
+            )
             if (_hash_unit("reverse " + digits) < TEST_FRACTION) == (split == "test"):
                 out.append((f"reverse {digits}=", digits[::-1]))
         return out
@@ -790,36 +921,50 @@ class Reverse:
         return 1.0 if first is not None and first.group() == target else 0.0
 
 
-# ---------------------------------------------------------------- 5. a task of your own (a Python file)
+# ---------------------------------------------------------------- 5. a task of your own (.py)
 
 class PluginTask:
     """A task of your own, from a Python file given as --task (no edit of the repository):
 
-        def prompts(n, rng, split="train"):  # -> n pairs (prompt text, target text); rng is a random.Random
+        def prompts(n, rng, split="train"):  # -> n pairs (prompt text, target text)
         def reward(response_text, target):   # -> a float, 1.0 for a right answer
-        def examples(k, rng):                # optional: k solved (prompt, solution) pairs for --few-shot
+        def examples(k, rng):                # optional: k solved (prompt, solution) for --few-shot
         INSTRUCTION = "..."                  # optional: the answer format, stated to a chat model
         DEFAULT_FEW_SHOT = 0                 # optional: examples shown to a base model by default
 
-    `split` is "train" or "test": keep the held-out questions apart. A reward never raises on model output: an
-    exception (or a value that is not a finite number) scores 0, and the first one is reported in one line."""
+    `rng` is a random.Random; `split` is "train" or "test": keep the held-out questions apart. A
+    reward never raises on model output: an exception (or a value that is not a finite number)
+    scores 0, and the first one is reported in one line."""
 
     def __init__(self, path: str):
         spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        self.module, self.path, self.name = importlib.util.module_from_spec(spec), path, Path(path).stem
+        self.module, self.path, self.name = (
+            importlib.util.module_from_spec(spec), path, Path(path).stem
+        )
         try:
             spec.loader.exec_module(self.module)
         except Exception as e:  # the user's code: whatever it raises, one line
-            raise ValueError(f"--task {path}: importing it failed ({type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"--task {path}: importing it failed ({type(e).__name__}: {e})"
+            ) from None
         for needed in ("prompts", "reward"):
             if not callable(getattr(self.module, needed, None)):
-                raise ValueError(f"--task {path}: needs a function {needed}(...) (see common/tasks.py, PluginTask)")
+                raise ValueError(
+                    f"--task {path}: needs a function {needed}(...)"
+                    " (see common/tasks.py, PluginTask)"
+                )
         self.instruction = getattr(self.module, "INSTRUCTION", "")
         self.default_few_shot = getattr(self.module, "DEFAULT_FEW_SHOT", 0)
         self.reported = False
         pairs = self.module.prompts(2, random.Random(0), "train")
-        if not all(isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in pairs):
-            raise ValueError(f"--task {path}: prompts(n, rng, split) must return n (prompt, target) pairs of strings")
+        if not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in pairs
+        ):
+            raise ValueError(
+                f"--task {path}: prompts(n, rng, split) must return n (prompt, target) pairs"
+                " of strings"
+            )
 
     def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
         return [tuple(pair) for pair in self.module.prompts(n, rng, split)]
@@ -835,33 +980,34 @@ class PluginTask:
         except Exception as e:  # the user's code: a reward never raises on model output
             value = math.nan
             if not self.reported:
-                print(f"warning: --task {self.path}: reward raised {type(e).__name__}: {e}; such responses score 0 "
-                      "(said once)", file=sys.stderr)
+                print(
+                    f"warning: --task {self.path}: reward raised {type(e).__name__}: {e};"
+                    " such responses score 0 (said once)",
+                    file=sys.stderr,
+                )
                 self.reported = True
         return value if math.isfinite(value) else 0.0
 
 
 # ---------------------------------------------------------------- the registry
 
-# The names `--task` accepts besides a .jsonl path. The embedded tiny model (common/models/tiny_model) was
-# pretrained on "addition" only: it knows neither "subtraction" nor "multiplication" (with so little
-# signal, RL cannot teach them), nor "countdown"; those are there for real models (`--model ...`).
-# The embedded long model (common/models/long_model) was pretrained on "reverse" only.
+# The names `--task` accepts besides a .jsonl path; most are for real models (`--model ...`)
 TASKS = {
-    "addition": Arithmetic("+", max_digits=3, name="addition"),
+    "addition": Arithmetic("+", max_digits=3, name="addition"),  # the embedded tiny model's task
     "addition2": Arithmetic("+", max_digits=2, name="addition2"),
     "subtraction": Arithmetic("-", max_digits=3, name="subtraction"),
     "multiplication": Arithmetic("*", max_digits=2, name="multiplication"),
     "countdown": Countdown(),
-    "reverse": Reverse(),
+    "reverse": Reverse(),  # the embedded long model's task
 }
 
 
 def get_task(task: str, eval_task: str | None = None):
-    """The task for a `--task` value: a name of TASKS, the path of a .jsonl file or of a .py file (PluginTask);
-    with `eval_task` (a .jsonl file, --eval-task) the held-out questions are that file's instead of a hash split
-    of --task's file.
-    Raises ValueError with a one-line message otherwise (or naming the file and line of a malformed file)."""
+    """The task for a `--task` value: a name of TASKS, the path of a .jsonl file or of a .py file
+    (PluginTask); with `eval_task` (a .jsonl file, --eval-task) the held-out questions are that
+    file's instead of a hash split of --task's file.
+    Raises ValueError with a one-line message otherwise (or naming the file and line of a
+    malformed file)."""
     if eval_task is not None and not task.endswith(".jsonl"):
         raise ValueError("--eval-task needs --task to be a .jsonl file too "
                          f"(the {task!r} task makes its own test split)")
@@ -877,5 +1023,7 @@ def get_task(task: str, eval_task: str | None = None):
         return JsonlTask(task, eval_task)
     if task.endswith(".py"):
         return PluginTask(task)
-    raise ValueError(f"--task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py file "
-                     f"of your own, got {task!r}")
+    raise ValueError(
+        f"--task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py file"
+        f" of your own, got {task!r}"
+    )

@@ -4,7 +4,7 @@ Shared by the gradient-accumulation and the two-process tests; not a test file i
 
 import torch
 
-from common.llm import draw_minibatches
+from common.processes import draw_minibatches
 
 GROUP_SIZE = 4
 MAX_NEW_TOKENS = 8  # T_max of Dr. GRPO; the responses are this wide
@@ -85,14 +85,22 @@ def update_args(module, micro_batch_size=None, **overrides):
 
 def draw_epochs(rollout, args):
     """The update's minibatches, drawn as the main loop draws them."""
-    return [draw_minibatches(rollout.advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
-                             args.beta == 0) for epoch in range(args.update_epochs)]
+    return [draw_minibatches(rollout.advantages, args.group_size, num_minibatches=args.num_minibatches,
+                             micro_batch_size=args.micro_batch_size, skip_no_signal=args.beta == 0)
+            for epoch in range(args.update_epochs)]
+
+
+def forward_of(module, args, autocast=None):
+    """How the main loop runs a pass for these flags: autocast (none by default), each prompt read once unless
+    gradient checkpointing or FSDP is on."""
+    autocast = autocast or torch.autocast("cpu", enabled=False)
+    return module.Forward(autocast, share_prompt=not (args.gradient_checkpointing or args.fsdp))
 
 
 def update(module, model, optimizer, rollout, args, autocast=None):
     """One update_policy call on minibatches drawn as the main loop draws them; returns its stats."""
-    autocast = autocast or torch.autocast("cpu", enabled=False)
-    return module.update_policy(model, optimizer, rollout, draw_epochs(rollout, args), args, autocast)
+    return module.update_policy(model, optimizer, rollout, draw_epochs(rollout, args), args,
+                                forward_of(module, args, autocast))
 
 
 def sgd_step(module, model, rollout, args, seed: int = 2) -> dict:

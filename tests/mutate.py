@@ -70,11 +70,18 @@ CLASSIC = ["vpg.py", "a2c.py", "trpo.py", "ppo.py"]
 # A region is a function (by name, nested ones too) or, in the main block, the lines from the first line that
 # contains `start` up to the line before the next one that contains `end`. `skip` ranges inside are left alone.
 GROUP_FUNCTIONS = ["compute_advantages", "kl_penalty", "masked_mean_per_response", "policy_loss", "response_logits",
-                   "token_logprobs", "logprobs_of", "response_mask", "sample", "score_responses", "update_policy",
-                   "reference_model", "reference_scoring"]
+                   "token_logprobs", "logprobs_of", "response_mask", "sample_token", "sample", "score_responses",
+                   "update_policy", "reference_model", "reference_scoring"]
 GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are tested (tests/test_group_update.py)
-LLM_FUNCTIONS = ["draw_minibatches", "global_fraction", "rollout_stats", "position_ids", "holds_stop", "draw",
-                 "shared_head", "read_prompts", "embed", "sampler_gap"]
+# The runtime of common/ whose code carries numbers: the minibatches and reductions across processes, the logged
+# statistics, reading prompts once, the decoding cache, the training state's memory.
+COMMON_FUNCTIONS = {
+    "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
+    "common/runs.py": ["rollout_stats", "sampler_gap"],
+    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "decoding_cache"],
+    "common/policy.py": ["state_bytes", "pass_size"],
+}
+COMMON = list(COMMON_FUNCTIONS)
 CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
 CLASSIC_BLOCKS = [("# 1. Sampling", 'if "episode" in infos'), ("# 2. ", "sps = ")]
 CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip fraction is only logged
@@ -85,7 +92,7 @@ REGIONS = {
                                                  "dynamic_sampling"],
                     blocks=[("# Groups without mixed answers", "# Log-probs of the sampled tokens")],
                     skip=GROUP_SKIP),
-    "common/llm.py": dict(functions=LLM_FUNCTIONS, blocks=[], skip=[]),
+    **{f: dict(functions=functions, blocks=[], skip=[]) for f, functions in COMMON_FUNCTIONS.items()},
     **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
 }
 
@@ -97,9 +104,10 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
                "and not torchrun"]
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
-    "common/llm.py": GROUP_TESTS[:-2] + ["tests/test_llm.py", "tests/test_group_prompts.py",
-                                         "tests/test_group_real_models.py", "-k", GROUP_TESTS[-1]
-                                         + " and not end_to_end and not every_task and not embedded"],
+    **{f: GROUP_TESTS[:-2] + ["tests/test_common.py", "tests/test_group_prompts.py", "tests/test_group_real_models.py",
+                              "tests/test_scale.py", "-k", GROUP_TESTS[-1]
+                              + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
+       for f in COMMON},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
            "tests/test_classic_rough_edges.py", "-k",
            "not smoke and not learns and not bad_argument and not unsupported_space and not missing and not lunar "
@@ -159,9 +167,9 @@ SEMANTIC = [
     ("dapo.py", "                    loss.backward()\n",
      "                    loss = loss * len(inds) / len(minibatch.rows)\n"
      "                    loss.backward()\n", "DAPO's passes weighted like GRPO's"),
-    ("dapo.py", "num_active_tokens = llm.global_mean(rollout.mask[minibatch.rows].sum().item())",
-     "num_active_tokens = llm.global_mean(rollout.mask[minibatch.passes[0] if minibatch.passes else minibatch.rows]"
-     ".sum().item())",
+    ("dapo.py", "num_active_tokens = processes.global_mean(rollout.mask[minibatch.rows].sum().item())",
+     "num_active_tokens = processes.global_mean(rollout.mask[minibatch.passes[0] if minibatch.passes "
+     "else minibatch.rows].sum().item())",
      "DAPO's token count of the first pass, not of the whole minibatch"),
     ("dapo.py", "loss_mask = samples.mask * mixed.unsqueeze(1)", "loss_mask = samples.mask",
      "filler groups enter the loss mask"),
@@ -173,20 +181,20 @@ SEMANTIC = [
     ("dapo.py", "rounds.append((samples, accuracies, rewards, has_mixed_answers(accuracies, args.group_size)))",
      "rounds.append((samples, accuracies, rewards, has_mixed_answers(rewards, args.group_size)))",
      "dynamic sampling filters on the shaped reward, not on accuracy"),
-    ("dapo.py", "rewards = 2 * accuracies - 1 + overlong_penalty", "rewards = accuracies + overlong_penalty",
+    ("dapo.py", "rewards = 2 * accuracies - 1 + penalty", "rewards = accuracies + penalty",
      "a 0/1 reward under the overlong penalty (a right answer cut at the cap scores as a wrong one)"),
     *[(f, "for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:",
        "for inds in [torch.arange(len(samples.responses))]:",
        "pi_old scored on the whole batch, not in the first epoch's passes (ratio not exactly 1)") for f in GROUP],
     *[(f, "cache.reorder_cache(prompt_index)", "cache.reorder_cache(prompt_index.flip(0))",
        "responses attend to another prompt's cache") for f in GROUP],
-    *[(f, "cache.batch_repeat_interleave(num_samples)", "cache.batch_repeat_interleave(1)\n"
-       "    cache.reorder_cache(torch.arange(len(prompt_ids), device=device).repeat(num_samples))",
-       "sampling: prompts' caches repeated in the wrong order (G copies not next to each other)") for f in GROUP],
+    *[("common/sampling.py", f"filled.{kv}.repeat_interleave(repeats, dim=0)", f"filled.{kv}.repeat(repeats, 1, 1, 1)",
+       f"sampling: the prompts' cached {kv} repeated in the wrong order (a group's copies not next to each other)")
+      for kv in ("keys", "values")],
     *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature")
       for f in GROUP],
-    *[(f, "ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, autocast)",
-       "ref_logprobs[inds] = logprobs_of(model, samples, inds, args, autocast)",
+    *[(f, "ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, forward)",
+       "ref_logprobs[inds] = logprobs_of(model, samples, inds, args, forward)",
        "reference log-probs taken from the current policy") for f in GROUP],
     *[(f, "return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()",
        "return contextlib.nullcontext()", "LoRA: reference log-probs with the adapters on (= π_θ)") for f in GROUP],
@@ -309,14 +317,14 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('grpo.py', 'clipped = ((ratio - 1).abs() > args.clip_eps).float()', '> → >='):
         'equivalent: differs only for a ratio of exactly 1 ± ε, and only in the logged clip fraction',
-    ('common/llm.py', 'return (total[0] / total[1]).item() if total[1] > 0 else 0.0', '1 → 0'):
+    ('common/processes.py', 'return (total[0] / total[1]).item() if total[1] > 0 else 0.0', '1 → 0'):
         'equivalent (the test "part > 0"): the part is counted within the whole, 0 <= part <= whole, so the two '
         'tests differ only where the fraction is 0 either way',
     **{('dapo.py', 'args.beta == 0)', mutation):
        'equivalent in numbers: the groups without signal add exactly 0 when run (tested), and after dynamic '
        'sampling the batch holds them only as fillers; the skip saves their cost'
        for mutation in ('0 → 1', '== → !=')},
-    ('dapo.py', 'llm.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],', '0 → 1'):
+    ('dapo.py', 'sampling.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],', '0 → 1'):
         'equivalent: padding positions are masked out of the logged entropy',
     **{(file, 'clipped = ((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high)).float()' + tail,
         mutation):
@@ -327,46 +335,37 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('sapo.py', 'tau = torch.where(rollout.advantages[inds].unsqueeze(1) > 0, args.tau_pos, args.tau_neg)', '> → >='):
         'equivalent: tokens with Â = 0 are not among the logged gate\'s tokens (those with signal)',
-    **{('common/llm.py', 'tails = tokenizer.batch_decode(responses[:, -8:])', mutation):
+    **{('common/sampling.py', 'tails = self.tokenizer.batch_decode(responses[:, -8:])', mutation):
        'equivalent: the check runs after every new token, so a stop string is in the last 8 tokens when it is '
        'complete; a longer tail (0: the whole response) finds nothing sooner'
        for mutation in ('-8 → -16', '-8 → 0')},
-    **{(file, line, mutation):
+    **{('grpo.py', line, mutation):
        'equivalent: the chunk size only bounds memory; every chunk of >= 1 position (row) gives the same numbers, '
        'and the uniform numbers of the draws come from the generator in the same order (0 rows only for a '
        'vocabulary over 2^24)'
-       for file, line in (('grpo.py', 'positions = max(1, llm.LOGITS_PER_CHUNK // logits.shape[-1])'),
-                          ('common/llm.py', 'rows = max(1, LOGITS_PER_CHUNK // logits.shape[-1])'))
+       for line in ('positions = max(1, LOGITS_PER_CHUNK // logits.shape[-1])',
+                    'rows = max(1, LOGITS_PER_CHUNK // logits.shape[-1])')
        for mutation in ('-1 → -2', '-1 → 0', '1 → 0', '1 → 2', 'max → min')},
-    **{('common/llm.py', 'if len(logits) > rows:', mutation):
+    **{('grpo.py', 'if len(logits) > rows:  # a few rows at a time: temporaries of [rows, vocab]', mutation):
        'equivalent: the chunks only bound memory (a batch of exactly one chunk, or any batch, drawn whole)'
        for mutation in ('> → >=', 'delete the if')},
-    ('common/llm.py', 'u = torch.rand(len(logits), 1, dtype=torch.float64, device=logits.device, generator=generator) '
-                      '* cdf[:, -1:]', '* → /'):
+    ('grpo.py', 'drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)', '* → /'):
         'equivalent within rounding: the total of a softmax is 1 to float32 precision, so U · total and U / total '
         'differ by ~1e-7 of U; the product is what keeps u below the total, and the clamp after it is tested',
-    **{('common/llm.py', 'logits_to_keep=1).past_key_values', mutation):
+    **{('common/sampling.py', 'logits_to_keep=1,', mutation):
        'harmless: only the head\'s keys and values are used; its logits (of 1, 2 or all positions) never are'
        for mutation in ('1 → 0', '1 → 2')},
-    **{('common/llm.py', 'if width <= 0:', mutation):
+    **{('common/sampling.py', 'if width <= 0:', mutation):
        'equivalent: a width of 0 gathers an empty head, whose length is 0 too (a negative width, a prompt of no '
        'token, cannot occur)'
        for mutation in ('<= → <', 'delete the if')},
-    **{('common/llm.py', line, mutation):
+    **{('common/processes.py', line, mutation):
        'equivalent in one process (the code runs only under torchrun): killed by tests/test_group_distributed.py '
        '(unequal signal per process; whole-batch statistics), whose torchrun launch the mutation run leaves out'
        for line, mutation in (('if torch.distributed.is_initialized():', 'delete the if'),
-                              ('torch.distributed.all_reduce(total)', 'delete the statement'),
-                              ('torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)',
-                               'delete the statement'))},
-    **{('common/llm.py', line, 'delete the statement'):
-       'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly'
-       for line in ('total = total.to(collective_device())', 'count = count.to(collective_device())',
-                    'largest = largest.to(collective_device())')},
-    ('common/llm.py', 'torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)',
-     'delete the statement'):
-        'equivalent in one process (the code runs only under torchrun); no torchrun test checks the logged sampler '
-        'gap\'s max over the processes yet: a known gap',
+                              ('torch.distributed.all_reduce(total, op=op)', 'delete the statement'))},
+    ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
+        'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }
 
 
@@ -440,7 +439,7 @@ def region_lines(tree: ast.Module, src: Source, file: str, all_copies: bool) -> 
 def reference_of(file: str) -> Optional[str]:
     """grpo.py for the group files, ppo.py for the classic ones; none for those two themselves."""
     if file not in GROUP + CLASSIC:
-        return None  # common/llm.py: one copy
+        return None  # common/: one copy
     reference = "grpo.py" if file in GROUP else "ppo.py"
     return None if file == reference else reference
 
@@ -710,8 +709,7 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC + ["common/llm.py"],
-                        choices=GROUP + CLASSIC + ["common/llm.py"])
+    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC + COMMON, choices=GROUP + CLASSIC + COMMON)
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", nargs="+", default=None, help="run only these mutant ids (file.py:N)")
     parser.add_argument("--all-copies", action="store_true",

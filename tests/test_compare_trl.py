@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from common import llm
+from common import policy
 from common.tools import compare_trl as C
 from conftest import ROOT
 
@@ -232,7 +232,7 @@ def test_settings_set_every_trl_default_that_differs():
     import grpo
 
     g = grpo.Args()
-    llm.resolve_defaults(g)  # as grpo.py's main block does
+    policy.resolve_defaults(g, beta=grpo.BETA)  # as grpo.py's main block does
     text = C.settings_markdown(g)
     assert "| loss aggregation | token mean per response, then mean (eq. 97) | loss_type grpo | dapo |" in text
     assert "| KL weight β | 0.04 | 0.04 | 0 |" in text and "| dtype | float32 (CPU) | bf16 False | bf16 True |" in text

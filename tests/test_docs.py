@@ -89,7 +89,7 @@ def code_texts(path: str) -> list[tuple[int, str]]:
 def pointers(text: str, bare: bool = True) -> list[tuple[int, str, str, str, str]]:
     """(line offset, pointer as written, file, anchor, section title) of each pointer in a text. The forms:
 
-    - a path from the repo root into one of its folders, of a .py/.md/.json/.jsonl/.png file: `common/llm.py`,
+    - a path from the repo root into one of its folders, of a .py/.md/.json/.jsonl/.png file: `common/runs.py`,
       `tests/test_group_crossfile.py`, `common/results/lab/length-bias.png` (`path/to/file.jsonl`, `runs/...` and
       paths with placeholders such as `<experiment>.md` are examples, not pointers);
     - a bare .py or .md name: `ppo.py`, `README.md` (at the root, beside the file that names it, or a file of that
@@ -196,7 +196,7 @@ def check(words: list[str]) -> None:
     """Parse a command's arguments with the program's own parser (nothing runs)."""
     import tyro
 
-    from common import llm
+    from common import policy
 
     if words[0] == "torchrun":
         words = ["python", *words[next(i for i, w in enumerate(words) if w.endswith(".py")):]]
@@ -221,9 +221,9 @@ def check(words: list[str]) -> None:
     script = args[0]
     name = os.path.basename(script).removesuffix(".py")
     file = importlib.import_module(name)
-    parsed = tyro.cli(file.Args, args=args[1:], config=(tyro.conf.DisallowNone,) if hasattr(file, "llm") else ())
-    if hasattr(file, "llm"):  # a group file: its defaults and its one-line checks, as its main block runs them
-        llm.resolve_defaults(parsed)
+    parsed = tyro.cli(file.Args, args=args[1:], config=(tyro.conf.DisallowNone,) if hasattr(file, "policy") else ())
+    if hasattr(file, "policy"):  # a group file: its defaults and its one-line checks, as its main block runs them
+        policy.resolve_defaults(parsed, beta=file.BETA)
 
 
 @pytest.mark.parametrize("page", ["README.md", "common/GUIDE.md"])

@@ -15,14 +15,16 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from common import llm
-from fixed_rollouts import draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
+from common import policy, sampling
 from common.tasks import TASKS
+from fixed_rollouts import draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
 from hub_like_models import make_model_folder
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 CPU = torch.device("cpu")
 BF16 = torch.autocast("cpu", dtype=torch.bfloat16)
+BF16_PASSES = grpo.Forward(BF16, share_prompt=True)  # the passes of a GPU run
+FLOAT32 = grpo.Forward(torch.autocast("cpu", enabled=False), share_prompt=True)
 ARCHITECTURES = ["gpt2", "llama", "qwen2"]
 TASK = TASKS["addition"]
 
@@ -53,7 +55,7 @@ def test_the_output_layer_runs_in_float32_under_autocast(arch, folders):
     """Under bfloat16 autocast the logits equal the float32 product of the last hidden state and the output weights,
     bit for bit; a plain output layer (float32_logits off) rounds them to bfloat16."""
     for float32_logits in (True, False):
-        tokenizer, model = llm.load_policy(arch, folders[arch], CPU, float32_logits=float32_logits)
+        tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch], float32_logits=float32_logits)
         head = model.get_output_embeddings()
         seen = {}
         head.register_forward_hook(lambda module, inputs, output: seen.update(hidden=inputs[0], logits=output))
@@ -71,7 +73,7 @@ def test_the_output_layer_runs_in_float32_under_autocast(arch, folders):
 def test_logprobs_under_bf16_autocast_are_within_1e_3_of_float32(arch, folders):
     """The rest of the network still runs in bfloat16: token log-probs stay within 1e-3 of the float32 ones on these
     models (measured: at most 5.3e-4; with a bfloat16 output layer up to 2.7e-3)."""
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     tokens = batch(tokenizer)
     with torch.no_grad():
         exact = logprobs(model, tokens, 0.7)
@@ -87,16 +89,16 @@ def test_first_minibatch_ratio_is_one_under_bf16_autocast(name):
     exactly 1, so nothing is clipped (GSPO's ±3e-4 included) and SAPO's gate is exactly 1."""
     module = MODULES[name]
     model = tiny_gpt2()
-    llm.float32_output_layer(model)
+    policy.float32_output_layer(model)
     rollout = fixed_rollout(module, model, num_groups=4)
     args = update_args(module, num_minibatches=4, beta=0.0)
     epochs = draw_epochs(rollout, args)
     samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
-    old, _ = module.score_responses(model, None, samples, epochs[0], args, BF16)
+    old, _ = module.score_responses(model, None, samples, epochs[0], args, BF16_PASSES)
     rollout = rollout._replace(old_logprobs=old, ref_logprobs=None)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     first = epochs[0][:1]  # the first step alone: its ratio against π_θold is 1 exactly, where nothing moved yet
-    stats = module.update_policy(model, optimizer, rollout, [first], args, BF16)
+    stats = module.update_policy(model, optimizer, rollout, [first], args, BF16_PASSES)
     if name == "sapo":
         assert stats["gate"][0] == 1.0
     else:
@@ -106,10 +108,10 @@ def test_first_minibatch_ratio_is_one_under_bf16_autocast(name):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_lora_base_weights_in_bf16_adapters_and_adam_in_float32(arch, folders):
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     embeddings_before = model.get_input_embeddings().weight.detach().clone()
-    model = llm.add_lora(model, 4, 8.0)
-    llm.frozen_weights_to_bfloat16(model)
+    model = policy.add_lora(model, 4, 8.0)
+    policy.frozen_weights_to_bfloat16(model)
     frozen_linear, trainable = [], []
     for parameter_name, parameter in model.named_parameters():
         if parameter.requires_grad:
@@ -141,7 +143,7 @@ def test_lora_base_weights_in_bf16_adapters_and_adam_in_float32(arch, folders):
 def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(folders):
     """Autocast casts the policy's float32 linear weights to bfloat16 at every forward: a copy stored in bfloat16
     computes the very same log-probs, at half the memory of its linear layers."""
-    tokenizer, model = llm.load_policy("qwen2", folders["qwen2"], CPU)
+    tokenizer, model = policy.load_policy("qwen2", CPU, path=folders["qwen2"])
     args = grpo.Args(beta=0.04)
     ref_model = grpo.reference_model(model, args, bf16=True)
     assert grpo.reference_model(model, args).get_input_embeddings().weight.dtype == torch.float32  # CPU: float32 copy
@@ -151,8 +153,8 @@ def test_reference_copy_in_bf16_scores_exactly_like_the_policy_under_autocast(fo
     assert ref_model.get_output_embeddings().weight.dtype == torch.float32
     tokens = batch(tokenizer)
     with torch.no_grad(), BF16:
-        policy, reference = logprobs(model, tokens, 1.0), logprobs(ref_model, tokens, 1.0)
-    assert torch.equal(policy, reference)
+        trained, reference = logprobs(model, tokens, 1.0), logprobs(ref_model, tokens, 1.0)
+    assert torch.equal(trained, reference)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -168,22 +170,22 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
     whole_entropy = -(probs * torch.log_softmax(logits, dim=-1)).sum(-1)
     draws = []
     for per_chunk in (3 * 50, 5 * 50, 2 * 5 * 50, 10**9):  # 5 positions (a row), 10 (two rows), everything at once
-        monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", per_chunk)
+        monkeypatch.setattr(module, "LOGITS_PER_CHUNK", per_chunk)
         torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
         flat, no_greedy = logits.view(-1, 50), torch.zeros(30, dtype=torch.bool)
-        token, logprob, entropy = llm.draw(flat, no_greedy, torch.Generator().manual_seed(1))
+        token, logprob, entropy = module.sample_token(flat, no_greedy, torch.Generator().manual_seed(1))
         torch.testing.assert_close(entropy, whole_entropy.view(-1), rtol=0, atol=1e-5)
         torch.testing.assert_close(logprob, torch.log_softmax(flat, -1)[torch.arange(30), token], rtol=0, atol=1e-5)
         draws.append(token)
     assert all(torch.equal(d, draws[0]) for d in draws)  # the same random numbers in the same order, any chunks
-    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
-    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 10**9)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 10**9)
     # positions are independent: chunks change nothing
     assert torch.equal(one_row, module.token_logprobs(logits, tokens))
     # and the gradient flows through the chunks as through the whole
     logits.requires_grad_(True)
-    monkeypatch.setattr(llm, "LOGITS_PER_CHUNK", 5 * 50)
+    monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
     (grad,) = torch.autograd.grad(module.token_logprobs(logits, tokens).sum(), logits)
     (whole_grad,) = torch.autograd.grad(torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).sum(), logits)
     torch.testing.assert_close(grad, whole_grad, rtol=0, atol=1e-6)
@@ -192,11 +194,11 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
 def test_float32_output_layer_upcasts_a_bfloat16_input():
     # a model whose residual stream is bfloat16 hands the output layer bfloat16 hidden states: still float32 logits
     head = torch.nn.Linear(16, 40, bias=False)
-    llm_head = copy.deepcopy(head)
-    llm_head.__class__ = llm.Float32OutputLayer
+    float32_head = copy.deepcopy(head)
+    float32_head.__class__ = policy.Float32OutputLayer
     hidden = torch.randn(3, 16).to(torch.bfloat16)
     with BF16:
-        logits = llm_head(hidden)
+        logits = float32_head(hidden)
     assert logits.dtype == torch.float32 and torch.equal(logits, F.linear(hidden.float(), head.weight))
 
 
@@ -215,11 +217,10 @@ def test_old_logprobs_are_scored_in_the_passes_of_the_first_epoch(name, micro_ba
     args = update_args(module, micro_batch_size=micro_batch_size, num_minibatches=2, beta=0.0)
     epochs = draw_epochs(rollout, args)
     samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
-    module.score_responses(model, None, samples, epochs[0], args, torch.autocast("cpu", enabled=False))
+    module.score_responses(model, None, samples, epochs[0], args, FLOAT32)
     scoring = list(calls)
     calls.clear()
-    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, epochs, args,
-                         torch.autocast("cpu", enabled=False))
+    module.update_policy(model, torch.optim.SGD(model.parameters(), lr=0.0), rollout, epochs, args, FLOAT32)
     assert scoring == calls and len(calls) >= 2
     assert sum(len(index) for index, _ in scoring) == 12  # the group without signal is neither scored nor run
 
@@ -229,11 +230,12 @@ def test_sampling_runs_under_autocast_and_its_log_probs_are_the_updates_within_b
     """The GPU's sampling path: prefill and decoding under bfloat16 autocast (a step's keys and values may come in
     another dtype than the prefill's; the decoding cache takes them), with the sampler's log-probs those the update
     scores under the same autocast up to bfloat16 rounding (the sampler/trainer gap: its mean well under 0.1)."""
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     args = grpo.Args(max_new_tokens=6, few_shot=0, temperature=1.0)
     torch.manual_seed(0)
     with BF16:
-        samples = grpo.sample(model, tokenizer, TASK, ["7+5=", "123+45=", "9="], args, CPU, num_samples=4)
+        prompt_format = sampling.PromptFormat(tokenizer, TASK, 0, model=model)
+        samples = grpo.sample(model, prompt_format, ["7+5=", "123+45=", "9="], args, CPU, num_samples=4)
     assert samples.responses.shape[0] == 12
     index = torch.arange(12) // 4
     with torch.no_grad(), BF16:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import dapo
-from common import llm
+from common import policy
 import dr_grpo
 import gspo
 import sapo
@@ -47,7 +47,7 @@ def test_smoke_run_writes_tensorboard(script, tmp_path):
 def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
     with pytest.raises(SystemExit) as e:
         args = module.Args(**{field: value})
-        llm.resolve_defaults(args)  # as the main block does, before the checks
+        policy.resolve_defaults(args, beta=module.BETA)  # as the main block does, before the checks
         module.check_args(args)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message

@@ -34,7 +34,7 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from common import llm
+from common import checkpoints, policy, processes, runs, sampling
 from conftest import ROOT
 
 TINY = os.path.join(ROOT, "common", "models", "tiny_model")
@@ -43,10 +43,11 @@ F64 = torch.float64
 
 
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
-# method. (What is not the method lives once in common/llm.py.)
-SHARED = ["kl_penalty", "reference_model", "reference_scoring", "response_logits",
+# method. (What is not the method lives once in common/: policy, sampling, processes, runs, checkpoints.)
+SHARED = ["kl_penalty", "reference_model", "reference_scoring", "Forward", "sample_token", "response_logits",
           "Samples", "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout",
           "score_responses"]
+RUNTIME = [checkpoints, policy, processes, runs, sampling]
 
 
 @pytest.mark.parametrize("name", SHARED)
@@ -65,13 +66,30 @@ def test_every_function_a_file_defines_is_used_there(file):
 
 
 def test_no_file_redefines_the_shared_plumbing():
-    # loading, prompts, torchrun and logging are imported from common/llm.py, never copied back into a file
-    plumbing = {name for name, value in vars(llm).items()
-                if callable(value) and getattr(value, "__module__", "") == llm.__name__}
-    for file, module in MODULES.items():
-        for name in plumbing:
-            value = getattr(module, name, None)
-            assert value is None or value is getattr(llm, name), f"{file}.py defines its own {name}"
+    # loading, prompts, torchrun and logging are imported from common/, never copied back into a file
+    for runtime in RUNTIME:
+        plumbing = {name for name, value in vars(runtime).items()
+                    if callable(value) and getattr(value, "__module__", "") == runtime.__name__}
+        for file, module in MODULES.items():
+            for name in plumbing:
+                value = getattr(module, name, None)
+                assert value is None or value is getattr(runtime, name), f"{file}.py defines its own {name}"
+
+
+def main_block(module) -> list[str]:
+    """The statements of a file's `if __name__ == "__main__":` block, as code (comments left out)."""
+    tree = ast.parse(inspect.getsource(module))
+    (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    return [ast.unparse(statement) for statement in main.body]
+
+
+def test_the_main_block_is_the_same_in_every_file_and_in_dapo_where_its_method_does_not_act():
+    # the method lives in the functions above the main block: a run's plumbing is the same in every file, so a
+    # torchrun launch of one file tests the start and the end of a run for all five (tests/test_group_distributed.py)
+    blocks = {file: main_block(module) for file, module in MODULES.items()}
+    assert blocks["dr_grpo"] == blocks["gspo"] == blocks["sapo"] == blocks["grpo"]
+    ending = blocks["grpo"][blocks["grpo"].index("log.close()") - 1:]
+    assert blocks["dapo"][-len(ending):] == ending and blocks["dapo"][:2] == blocks["grpo"][:2]
 
 
 def close(actual, expected, tol=1e-12):

@@ -15,9 +15,9 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import GROUP_SIZE, direct_step, fixed_rollout, sgd_step, tiny_gpt2, update_args
-from common import llm
+from common import processes
 from conftest import ROOT
+from fixed_rollouts import GROUP_SIZE, direct_step, fixed_rollout, forward_of, sgd_step, tiny_gpt2, update_args
 
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
 
@@ -106,10 +106,10 @@ def test_two_processes_skipping_groups_without_signal_take_the_one_process_adam_
         for half in (order[:2], order[2:]):
             groups = torch.cat([half, half + 4])  # the same places in each process's share: groups 0-3 and 4-7
             rows = (groups.unsqueeze(1) * GROUP_SIZE + torch.arange(GROUP_SIZE)).flatten()
-            minibatches.append(llm.Minibatch(rows, [rows]))
+            minibatches.append(processes.Minibatch(rows, [rows]))
         epochs.append(minibatches)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
-    module.update_policy(model, optimizer, rollout, epochs, args, torch.autocast("cpu", enabled=False))
+    module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
     expected = {name: p.detach().clone() for name, p in model.named_parameters()}
     for skip in (True, False):
         assert_same_parameters(steps[module.__name__, micro_batch_size, "adam", skip], expected, initial)
@@ -135,13 +135,14 @@ def test_torchrun_two_processes_end_to_end(module, torchrun):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
-@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(module, tmp_path):
+def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(tmp_path):
     """The end of a real run (tests/torchrun_exit.py): process 0's final evaluation is long (1000 prompts) and
-    process 1 has nothing left to do. Process 1 must leave only after that evaluation (finish_distributed's barrier),
+    process 1 has nothing left to do. Process 1 must leave only after that evaluation (processes.finish's barrier),
     and both must return without a gloo worker thread: one left alive (the group kept by DDP or by
     torch.distributed.nn) ran into interpreter finalisation and aborted process 1 in about 1 run of 5 (SIGABRT),
-    and torchrun then killed process 0 mid-evaluation. Without the fix this fails every time, not 1 time in 5."""
+    and torchrun then killed process 0 mid-evaluation. Without the fix this fails every time, not 1 time in 5.
+    grpo.py stands for all five: their main blocks end alike (tests/test_group_crossfile.py)."""
+    module = grpo
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     result = subprocess.run(
@@ -161,9 +162,9 @@ def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(
 
 
 def test_two_processes_stopped_and_resumed_are_the_uninterrupted_run(torchrun):
-    """torchrun, 2 processes: SIGTERM to both after iteration 2, a checkpoint (process 0's weights and Adam, each
-    process's random states) and exit status 143, then --resume: every logged number and the final weights equal the
-    straight run's."""
+    """torchrun, 2 processes: SIGTERM to process 1 alone after iteration 2; both stop with a checkpoint (process 0's
+    weights and Adam, each process's random states) and exit status 143, then --resume: every logged number and the
+    final weights equal the straight run's."""
     from test_group_runs import scalars, weights
 
     out, _, _ = torchrun

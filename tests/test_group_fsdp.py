@@ -16,8 +16,8 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import fixed_rollout, sgd_step, tiny_gpt2, update_args
 from conftest import ROOT
+from fixed_rollouts import draw_epochs, fixed_rollout, forward_of, sgd_step, tiny_gpt2, update_args
 from test_group_distributed import assert_same_parameters
 from test_group_runs import scalars, weights
 
@@ -52,9 +52,36 @@ def test_two_sharded_processes_take_the_one_process_step(module, micro_batch_siz
     assert_same_parameters(actual, expected, initial)
 
 
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_after_scoring_the_clip_and_the_logged_norm_are_the_one_process_ones(module, fsdp):
+    """As in a run, π_θold is scored before the update, which leaves the root module (embeddings, the tied output
+    layer, the final norm) gathered whole; the update must still clip and step the shards Adam holds: the gradient
+    norm logged, and the weights after a step whose gradient the clip shrinks, are those of one process."""
+    _, steps, _ = fsdp
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model)
+    args = update_args(module, max_grad_norm=1e-3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    torch.manual_seed(2)
+    epochs = draw_epochs(rollout, args)
+    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None,
+                             None)
+    module.score_responses(model, None, samples, epochs[0], args, forward_of(module, args))
+    stats = module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
+    expected = {name: p.detach().clone() for name, p in model.named_parameters()}
+    actual, grad_norm = steps[module.__name__, "scored, clipped"]
+    assert stats["grad_norm"][0] > 1e-3 * 10  # the clip acts: the step is shrunk by a factor above 10
+    assert grad_norm == pytest.approx(stats["grad_norm"], rel=1e-5)
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], atol=1e-7, rtol=1e-4, msg=name)
+    assert any(not torch.equal(expected[name], initial[name]) for name in expected)
+
+
 @pytest.mark.parametrize("name", ["grpo", "dapo"])
 def test_a_sharded_run_stopped_and_resumed_is_the_uninterrupted_run(name, fsdp):
-    """SIGTERM to both processes after iteration 2: each writes its shards of the weights and of Adam's state
+    """SIGTERM to process 1 alone after iteration 2, with --save-model: both stop (neither waits for the other in the
+    gathering save) and each writes its shards of the weights and of Adam's state
     (torch.distributed.checkpoint) and its random states; --resume then gives every logged number and the final
     weights of the straight run. The saved model is a plain Hugging Face folder of the whole weights."""
     from transformers import AutoModelForCausalLM

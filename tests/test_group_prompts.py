@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import grpo
+from common import policy, sampling
 from common.tasks import EVAL_SEED, TASKS, get_task
-from hub_like_models import make_model_folder
-from common import llm
 from conftest import ROOT
+from hub_like_models import make_model_folder
 
 EXAMPLE = os.path.join(ROOT, "common", "data", "example.jsonl")
 
@@ -24,26 +24,26 @@ def folders(tmp_path_factory):
 
 
 def tokenizer_of(folder):
-    tokenizer, _ = llm.load_policy(folder, folder, torch.device("cpu"))
+    tokenizer, _ = policy.load_policy(folder, torch.device("cpu"), path=folder)
     return tokenizer
 
 
 def test_chat_model_gets_its_template_the_answer_format_and_the_system_prompt(folders):
     tokenizer = tokenizer_of(folders["qwen3"])
     task = TASKS["countdown"]
-    (text,) = llm.format_prompts(tokenizer, task, ["Using the numbers 1, 2, 3, make 6"], 0, "Be brief.")
+    (text,) = sampling.PromptFormat(tokenizer, task, 0, "Be brief.").texts(["Using the numbers 1, 2, 3, make 6"])
     assert text == (
         "<|im_start|>system\nBe brief.<|im_end|>\n"
         f"<|im_start|>user\nUsing the numbers 1, 2, 3, make 6\n{task.instruction}<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert llm.format_prompts(tokenizer, task, ["q"], None, None) == llm.format_prompts(tokenizer, task, ["q"], 0, None)
-    assert llm.answer_stop(tokenizer, task, 3) is None  # a chat model ends its turn itself
+    assert sampling.PromptFormat(tokenizer, task).texts(["q"]) == sampling.PromptFormat(tokenizer, task, 0).texts(["q"])
+    assert sampling.PromptFormat(tokenizer, task, 3).stop is None  # a chat model ends its turn itself
 
 
 def test_chat_model_reads_its_examples_as_earlier_turns(folders):
     tokenizer = tokenizer_of(folders["qwen3"])
     task = TASKS["addition"]
-    (text,) = llm.format_prompts(tokenizer, task, ["12+30="], 2, None)
+    (text,) = sampling.PromptFormat(tokenizer, task, 2).texts(["12+30="])
     (first, first_answer), (second, second_answer) = task.examples(2, random.Random(EVAL_SEED))
     turn = "<|im_start|>user\n{}\n" + task.instruction + "<|im_end|>\n"
     assert text == (turn.format(first) + f"<|im_start|>assistant\n{first_answer}<|im_end|>\n"
@@ -57,17 +57,24 @@ def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_end
     tokenizer = tokenizer_of(folders["gpt2"])
     task = get_task(task_name)
     question, _ = task.prompts(1, random.Random(0), split="test")[0]
-    (text,) = llm.format_prompts(tokenizer, task, [question], 2, None)
+    (text,) = sampling.PromptFormat(tokenizer, task, 2).texts([question])
     blocks = text.split("\n\n")
     assert len(blocks) == 3 and blocks[-1] == f"Question: {question}\nAnswer:"
     for (shot_question, solution), block in zip(task.examples(2, random.Random(EVAL_SEED)), blocks):
         assert block == f"Question: {shot_question}\nAnswer: {solution}"
-    assert llm.answer_stop(tokenizer, task, 2) == stop
-    assert llm.format_prompts(tokenizer, task, [question], 0, None) == [question]  # bare question
-    assert llm.answer_stop(tokenizer, task, 0) is None
+    assert sampling.PromptFormat(tokenizer, task, 2).stop == stop
+    assert sampling.PromptFormat(tokenizer, task, 0).texts([question]) == [question]  # bare question
+    assert sampling.PromptFormat(tokenizer, task, 0).stop is None
     # by default a base model gets the task's number of examples
-    assert llm.format_prompts(tokenizer, task, [question], None, None) == llm.format_prompts(
-        tokenizer, task, [question], task.default_few_shot, None)
+    by_default = sampling.PromptFormat(tokenizer, task).texts([question])
+    assert by_default == sampling.PromptFormat(tokenizer, task, task.default_few_shot).texts([question])
+
+
+def base_model_format(tokenizer, stop: str):
+    """A base model's prompt format whose answers end at `stop` (an addition with examples: "\n")."""
+    prompt_format = sampling.PromptFormat(tokenizer, TASKS["addition"], 2)
+    prompt_format.stop = stop
+    return prompt_format
 
 
 def test_generation_stops_a_row_once_its_answer_has_ended(folders):
@@ -80,7 +87,7 @@ def test_generation_stops_a_row_once_its_answer_has_ended(folders):
     rows = torch.tensor([r + [tokenizer.eos_token_id] * (width - len(r)) for r in rows])
     first_stop = [None] * 3
     for t in range(1, width + 1):
-        flags = llm.holds_stop(tokenizer, rows[:, :t], "\n").tolist()
+        flags = base_model_format(tokenizer, "\n").holds_stop(rows[:, :t]).tolist()
         first_stop = [step if step is not None else (t if flag else None) for step, flag in zip(first_stop, flags)]
     expected = [next((t for t in range(1, len(r) + 1) if "\n" in tokenizer.decode(r[:t])), None) for r in rows.tolist()]
     assert first_stop == expected and expected[0] is not None and expected[1] is None and expected[2] is not None
@@ -94,7 +101,7 @@ def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
     responses = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (width - len(r)) for r in rows])
     for stop in ("\n", "\n\n"):
-        cut, stopped = llm.stop_mask(tokenizer, responses, mask, stop)
+        cut, stopped = base_model_format(tokenizer, stop).stop_mask(responses, mask)
         assert stopped.tolist() == [stop in text for text in texts]
         for row, text, length in zip(rows, texts, cut.sum(dim=1).long().tolist()):
             if stop in text:  # the shortest prefix that holds the stop string, by its definition
@@ -137,7 +144,7 @@ def test_bad_task_and_few_shot_give_one_clear_line(tmp_path):
                           (dict(eval_task=EXAMPLE), "error: --eval-task needs --task to be a .jsonl file")]:
         with pytest.raises(SystemExit) as e:
             args = grpo.Args(**fields)
-            llm.resolve_defaults(args)  # as the main block does, before the checks
+            policy.resolve_defaults(args, beta=grpo.BETA)  # as the main block does, before the checks
             grpo.check_args(args)
         assert str(e.value).startswith(start) and "\n" not in str(e.value), str(e.value)
 
@@ -217,15 +224,16 @@ def test_an_answer_that_ends_at_its_stop_string_is_never_truncated(folders):
     (space,) = tokenizer(" ", add_special_tokens=False)["input_ids"]
     (digit,) = tokenizer("7", add_special_tokens=False)["input_ids"]
     args = grpo.Args(few_shot=3, max_new_tokens=cap, temperature=1.0)
-    assert llm.answer_stop(tokenizer, task, 3) == "\n"
     model = ScriptedModel(space, rows, len(tokenizer), filler=digit, eos=tokenizer.eos_token_id)
-    samples = grpo.sample(model, tokenizer, task, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
-    texts = llm.decode(tokenizer, samples.responses, samples.mask)
+    prompt_format = sampling.PromptFormat(tokenizer, task, 3, model=model)
+    assert prompt_format.stop == "\n"
+    samples = grpo.sample(model, prompt_format, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
+    texts = prompt_format.decode(samples.responses, samples.mask)
     assert texts == [" " + answer for answer in answers]
     assert samples.truncated.tolist() == [False] * 4
     never_ends = ScriptedModel(space, rows[:3] + [[digit] * cap], len(tokenizer), filler=digit,
                                eos=tokenizer.eos_token_id)
-    samples = grpo.sample(never_ends, tokenizer, task, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
+    samples = grpo.sample(never_ends, prompt_format, ["1+2="], args, torch.device("cpu"), num_samples=4, greedy=True)
     assert samples.truncated.tolist() == [False, False, False, True]
 
 

@@ -14,14 +14,15 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
+from common import policy, processes, sampling
 from common.tasks import TASKS
-from hub_like_models import ARCHITECTURES, make_model_folder
-from common import llm
 from conftest import ROOT
+from hub_like_models import ARCHITECTURES, make_model_folder
 
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
 CPU = torch.device("cpu")
 ADDITION = TASKS["addition"]
+FORWARD = grpo.Forward(torch.autocast("cpu", enabled=False), share_prompt=True)  # as a CPU run's passes
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def sample_batch(module, tokenizer, model, seed=0, num_samples=8, max_new_tokens
     torch.manual_seed(seed)
     args = module.Args(max_new_tokens=max_new_tokens, few_shot=0)
     prompts = ["7+5=", "123+45=", "9="]  # prompts of different lengths: the batch is left-padded
-    return args, module.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=num_samples)
+    return args, module.sample(model, fmt(tokenizer, model), prompts, args, CPU, num_samples=num_samples)
 
 
 def logprobs_of(module, model, samples, num_samples, share_prompt=True, temperature=1.0):
@@ -46,10 +47,15 @@ def logprobs_of(module, model, samples, num_samples, share_prompt=True, temperat
     return module.token_logprobs(logits, samples.responses)
 
 
+def fmt(tokenizer, model=None):
+    """What the model reads: the bare questions of ADDITION (--few-shot 0); the model's own end-of-turn tokens."""
+    return sampling.PromptFormat(tokenizer, ADDITION, 0, model=model)
+
+
 def one_pass(samples):
     """A first epoch of one minibatch run in one pass: score_responses then scores every response."""
     rows = torch.arange(len(samples.responses))
-    return [llm.Minibatch(rows, [rows])]
+    return [processes.Minibatch(rows, [rows])]
 
 
 # ---------------------------------------------------------------- dropout: the ratio at the first update is 1
@@ -58,10 +64,10 @@ def one_pass(samples):
 def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
     """Sampling and π_θold's log-probs run in eval mode, the update in train mode: with gpt2's dropout 0.1
     left on, the ratio at the first update would be noise (clip fraction ≈ 0.5 on a real GPT-2)."""
-    tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
+    tokenizer, model = policy.load_policy("gpt2", CPU, path=folders["gpt2"])
     args, samples = sample_batch(module, tokenizer, model)
     old_logprobs, _ = module.score_responses(model, None, samples, one_pass(samples), module.Args(group_size=8),
-                                             torch.autocast("cpu", enabled=False))
+                                             FORWARD)
     model.train()
     ratio = torch.exp(logprobs_of(module, model, samples, 8) - old_logprobs)[samples.mask.bool()]
     assert (ratio - 1).abs().max() < 1e-6
@@ -71,9 +77,9 @@ def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_architecture_left_padding_dropout_and_eos(arch, folders):
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     assert tokenizer.pad_token_id is not None and tokenizer.padding_side == "left"
-    eos_ids = llm.eos_token_ids(model, tokenizer)
+    eos_ids = fmt(tokenizer, model).eos_ids
     if arch == "qwen3":  # the end of turn counts as an end, next to the tokenizer's EOS
         assert set(eos_ids) == {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
     args, samples = sample_batch(grpo, tokenizer, model, num_samples=16)
@@ -108,7 +114,7 @@ def test_each_prompt_read_once_gives_the_log_probs_and_gradient_of_prompt_and_re
     """The update reads a group's prompt once and lets its responses attend to the cached keys and values:
     the log-probs and the gradient of a loss on them equal those of each response run with its own copy of the
     prompt (share_prompt=False), on every architecture (left padding, absolute or rotary positions, OPT's offset)."""
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     args, samples = sample_batch(grpo, tokenizer, model, num_samples=4)
     model.train()
     mask = samples.mask
@@ -146,22 +152,22 @@ def prompts_with_a_head(pad_id: int, head: str, generator) -> tuple[torch.Tensor
 def test_the_head_every_prompt_shares_runs_once_with_the_log_probs_and_gradient_of_each_prompt_whole(arch, head,
                                                                                                       folders):
     """The tokens every prompt of a pass begins with run once, as a batch of one, and each prompt's own tail
-    continues from their keys and values (llm.read_prompts). Sampling's prefill gives the last token's logits of
+    continues from their keys and values (sampling.read_prompts). Sampling's prefill gives the last token's logits of
     each prompt run whole, and scoring and the update the log-probs and gradient of [prompt; response] run whole
     (share_prompt=False), within 1e-5, whether the prompts share no token, one, six or all of them."""
-    tokenizer, model = llm.load_policy(arch, folders[arch], CPU)
+    tokenizer, model = policy.load_policy(arch, CPU, path=folders[arch])
     generator = torch.Generator().manual_seed(0)
     prompt_ids, prompt_mask, shared = prompts_with_a_head(tokenizer.pad_token_id, head, generator)
     lengths = prompt_mask.sum(1)
-    assert llm.shared_head(prompt_ids, prompt_mask) == min(shared, int(lengths.min()) - 1)
+    assert sampling.shared_head(prompt_ids, prompt_mask) == min(shared, int(lengths.min()) - 1)
     model.eval()
     widths = []
     hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
                                            with_kwargs=True)
     with torch.no_grad():
-        prefill, _ = llm.read_prompts(model, prompt_ids, prompt_mask)
-        whole = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=llm.position_ids(prompt_mask))
-    head_tokens = llm.shared_head(prompt_ids, prompt_mask)
+        prefill, _ = sampling.read_prompts(model, prompt_ids, prompt_mask)
+        whole = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=sampling.position_ids(prompt_mask))
+    head_tokens = sampling.shared_head(prompt_ids, prompt_mask)
     assert widths[0] == ((1, head_tokens) if head_tokens else prompt_ids.shape)  # the head, once
     assert (prefill.logits[:, -1] - whole.logits[:, -1]).abs().max() < 1e-5
     hook.remove()
@@ -188,13 +194,13 @@ def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_p
     model's softmax at the temperature (2.5, to spread them): of 4,000 draws, each token's frequency is within 5
     standard deviations of its probability. The entropies and log-probs logged are those of π_θold at the
     temperature."""
-    tokenizer, model = llm.load_policy("embedded", os.path.join(ROOT, "common", "models", "tiny_model"), CPU)
+    tokenizer, model = policy.load_policy("embedded", CPU, path=os.path.join(ROOT, "common", "models", "tiny_model"))
     prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
     args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=0.7)
     widths = []
     hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
                                            with_kwargs=True)
-    greedy = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8, greedy=True)
+    greedy = grpo.sample(model, fmt(tokenizer, model), prompts, args, CPU, num_samples=8, greedy=True)
     hook.remove()
     # prefill [B, P], then [N, 1]
     assert widths[0] == greedy.prompt_ids.shape and all(w == (32, 1) for w in widths[1:])
@@ -202,11 +208,11 @@ def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_p
     reference = model.generate(input_ids=enc["input_ids"].repeat_interleave(8, 0),
                                attention_mask=enc["attention_mask"].repeat_interleave(8, 0), max_new_tokens=8,
                                do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                               eos_token_id=llm.eos_token_ids(model, tokenizer))[:, enc["input_ids"].shape[1] :]
+                               eos_token_id=fmt(tokenizer, model).eos_ids)[:, enc["input_ids"].shape[1] :]
     assert torch.equal(greedy.responses, reference[:, : greedy.responses.shape[1]])
 
     torch.manual_seed(3)
-    samples = grpo.sample(model, tokenizer, ADDITION, prompts, args, CPU, num_samples=8)
+    samples = grpo.sample(model, fmt(tokenizer, model), prompts, args, CPU, num_samples=8)
     assert len(set(map(tuple, samples.responses.tolist()))) > 8  # the draws differ within a group
     index = torch.arange(32) // 8
     logits = grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index, samples.responses, 0.7)
@@ -218,7 +224,7 @@ def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_p
     torch.testing.assert_close(samples.logprobs[samples.mask.bool()], scored[samples.mask.bool()], atol=1e-5, rtol=0)
 
     one_token = grpo.Args(max_new_tokens=1, few_shot=0, temperature=2.5)
-    draws = grpo.sample(model, tokenizer, ADDITION, ["123+45="], one_token, CPU, num_samples=4000).responses[:, 0]
+    draws = grpo.sample(model, fmt(tokenizer, model), ["123+45="], one_token, CPU, num_samples=4000).responses[:, 0]
     probs = torch.softmax(logits[8, 0].double() * 0.7 / 2.5, -1)  # prompt 1's first token, at temperature 2.5
     frequency = torch.bincount(draws, minlength=len(probs)).double() / len(draws)
     assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / len(draws)).sqrt() + 1e-12).all()
@@ -241,25 +247,25 @@ def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folder
 
 @pytest.fixture
 def lora_gpt2(folders):
-    tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
+    tokenizer, model = policy.load_policy("gpt2", CPU, path=folders["gpt2"])
     args = grpo.Args(lora_rank=4, lora_alpha=8.0, beta=0.04, max_new_tokens=8, num_minibatches=1, learning_rate=1e-2,
                      group_size=4, few_shot=0)
-    return tokenizer, llm.add_lora(model, args.lora_rank, args.lora_alpha), args
+    return tokenizer, policy.add_lora(model, args.lora_rank, args.lora_alpha), args
 
 
 def rollout_for(module, model, ref_model, tokenizer, args, seed=0):
     torch.manual_seed(seed)
-    samples = module.sample(model, tokenizer, ADDITION, ["7+5=", "123+45="], args, CPU, 4)
-    no_autocast = torch.autocast("cpu", enabled=False)
-    old, ref = module.score_responses(model, ref_model, samples, one_pass(samples), args, no_autocast)
+    samples = module.sample(model, fmt(tokenizer, model), ["7+5=", "123+45="], args, CPU, 4)
+    old, ref = module.score_responses(model, ref_model, samples, one_pass(samples), args, FORWARD)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
     return module.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages,
                           old, ref)
 
 
 def update_once(model, rollout, args, optimizer):
-    epochs = [[llm.Minibatch(torch.arange(8), [torch.arange(8)])]]
-    grpo.update_policy(model, optimizer, rollout, epochs, args, torch.autocast("cpu", enabled=False))
+    epochs = [[processes.Minibatch(torch.arange(8), [torch.arange(8)])]]
+    forward = FORWARD._replace(share_prompt=not args.gradient_checkpointing)  # a checkpointed layer keeps no cache
+    grpo.update_policy(model, optimizer, rollout, epochs, args, forward)
 
 
 def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(lora_gpt2):
@@ -281,12 +287,12 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
     assert not torch.allclose(again.old_logprobs, again.ref_logprobs)
     samples = grpo.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
     _, ref_after = grpo.score_responses(model, ref_model, samples, one_pass(samples), args,
-                                        torch.autocast("cpu", enabled=False))
+                                        FORWARD)
     torch.testing.assert_close(ref_after, rollout.old_logprobs, atol=1e-6, rtol=0)
 
 
 def test_full_fine_tuning_reference_is_a_frozen_copy(folders):
-    _, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
+    _, model = policy.load_policy("gpt2", CPU, path=folders["gpt2"])
     ref_model = grpo.reference_model(model, grpo.Args(beta=0.04))
     assert ref_model is not model and not any(p.requires_grad for p in ref_model.parameters())
     assert grpo.reference_model(model, grpo.Args(beta=0.0)) is None
@@ -320,13 +326,13 @@ def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
     keeps no cache, so each response then runs with its own copy of the prompt: the same step again."""
     steps = []
     for checkpointing in (False, True):
-        tokenizer, model = llm.load_policy("gpt2", folders["gpt2"], CPU)
+        tokenizer, model = policy.load_policy("gpt2", CPU, path=folders["gpt2"])
         if checkpointing:
             model.activation_checkpointing_enable()
         args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1,
                          gradient_checkpointing=checkpointing, group_size=4, few_shot=0)
         torch.manual_seed(0)
-        model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
+        model = policy.add_lora(model, args.lora_rank, args.lora_alpha)
         rollout = rollout_for(grpo, model, None, tokenizer, args)
         update_once(model, rollout, args, torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0))
         steps.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
@@ -341,7 +347,7 @@ def test_uncached_hub_id_with_hf_hub_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache "
                                          r"and HF_HUB_OFFLINE is set.*hf download gpt2"):
-        llm.resolve_model_path("gpt2")
+        policy.resolve_model_path("gpt2")
 
 
 def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
@@ -356,7 +362,7 @@ def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "model_info", unreachable)
     with pytest.raises(SystemExit, match=r"not in the local cache and the hub cannot be reached \(ConnectionError\)"):
-        llm.resolve_model_path("gpt2")
+        policy.resolve_model_path("gpt2")
 
     class NotFound(RepositoryNotFoundError):
         def __init__(self):
@@ -367,7 +373,7 @@ def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):
 
     monkeypatch.setattr(huggingface_hub, "model_info", not_found)
     with pytest.raises(SystemExit, match=r"--model 'gtp2' is not a model on the Hugging Face hub"):
-        llm.resolve_model_path("gtp2")
+        policy.resolve_model_path("gtp2")
 
 
 def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp_path, folders):
@@ -380,7 +386,7 @@ def test_cached_hub_id_loads_from_the_cache_without_the_network(monkeypatch, tmp
     (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.model_info", lambda *a, **k: pytest.fail("the network was asked"))
-    assert llm.resolve_model_path("org/tiny") == str(snapshot)
+    assert policy.resolve_model_path("org/tiny") == str(snapshot)
 
 
 def test_a_saved_adapter_names_the_hub_id_not_the_cache_folder(monkeypatch, tmp_path, folders):
@@ -394,8 +400,8 @@ def test_a_saved_adapter_names_the_hub_id_not_the_cache_folder(monkeypatch, tmp_
     (tmp_path / "cache" / "models--org--tiny" / "refs").mkdir()
     (tmp_path / "cache" / "models--org--tiny" / "refs" / "main").write_text("abc123")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
-    tokenizer, model = llm.load_policy("org/tiny", llm.resolve_model_path("org/tiny"), CPU)
-    llm.save_model(llm.add_lora(model, 2, 4.0), tokenizer, str(tmp_path / "adapter"))
+    tokenizer, model = policy.load_policy("org/tiny", CPU)
+    policy.save_model(policy.add_lora(model, 2, 4.0), tokenizer, str(tmp_path / "adapter"))
     assert (json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["base_model_name_or_path"]
             == "org/tiny")
     card = (tmp_path / "adapter" / "README.md").read_text()
@@ -421,7 +427,7 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
         shutil.copy(os.path.join(folders["llama"], name), tmp_path)
     (tmp_path / "config.json").write_text('{"model_type": "my_custom_arch", "auto_map": {"AutoConfig": "c.XConfig"}}')
     with pytest.raises(SystemExit, match=r"needs its own code from the hub \(trust_remote_code\)"):
-        llm.load_policy("org/custom", str(tmp_path), CPU)
+        policy.load_policy("org/custom", CPU, path=str(tmp_path))
 
 
 # ---------------------------------------------------------------- bad input of the new flags, per file
@@ -444,7 +450,7 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
 def test_bad_new_flags_give_one_clear_line(module, fields, world_size, flag):
     with pytest.raises(SystemExit) as e:
         args = module.Args(**fields)
-        llm.resolve_defaults(args)  # as the main block does, before the checks
+        policy.resolve_defaults(args, beta=module.BETA)  # as the main block does, before the checks
         module.check_args(args, world_size=world_size)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message

@@ -5,18 +5,18 @@ checkpoint interrupted while written leaves the previous one whole; one-line err
 unwritable folder, no checkpoint); the status line of a long phase; pass@k; the run's name; the warning when
 nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
 
-import contextlib
 import io
 import os
 import re
 import signal
 import threading
+import types
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from common import llm, runs
+from common import checkpoints, policy, runs
 from conftest import GROUP, ROOT
 
 FLAGS = ["--num-iterations", "4", "--eval-every", "2", "--eval-size", "8", "--prompts-per-iteration", "4",
@@ -125,33 +125,33 @@ def test_a_stop_during_the_first_evaluation_starts_no_iteration(number, status, 
 
 @pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_while_the_model_loads_is_one_line(number, status, in_process, monkeypatch):
-    real = llm.load_policy
+    real = policy.load_policy
 
     def load_policy(*args, **kwargs):  # Ctrl-C (or a scheduler's SIGTERM) before training has begun
         os.kill(os.getpid(), number)
         return real(*args, **kwargs)
-    monkeypatch.setattr(llm, "load_policy", load_policy)
+    monkeypatch.setattr(policy, "load_policy", load_policy)
     _, out = in_process("grpo", FLAGS)  # (a traceback would be an exception, not an exit status)
     assert in_process.exit_code == status
     assert f"{signal.Signals(number).name}: stopped before training began; nothing was trained or saved" in out
 
 def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(runs.sys, "argv", ["grpo.py"])
+    monkeypatch.setattr(checkpoints.sys, "argv", ["grpo.py"])
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     os.makedirs("runs/run")
-    checkpoints = runs.Checkpoints("runs/run", None, None, None, None, rank=0)
+    stops = checkpoints.Checkpoints("runs/run", model=None, optimizer=None, sampler=None, args=None)
     try:
-        checkpoints._ask_to_stop(signal.SIGINT, None)
-        checkpoints.first_signal -= 3  # the second comes later than torchrun's echo of the first
+        stops._ask_to_stop(signal.SIGINT, None)
+        stops.first_signal -= 3  # the second comes later than torchrun's echo of the first
         with pytest.raises(SystemExit) as e:
-            checkpoints._ask_to_stop(signal.SIGINT, None)
+            stops._ask_to_stop(signal.SIGINT, None)
         assert e.value.code == 130
         assert "stopped at once during iteration 1, without a checkpoint; no checkpoint was written, so there is " \
                "nothing to resume" in capsys.readouterr().err
         (tmp_path / "runs" / "run" / "latest").write_text("checkpoint-1")
         with pytest.raises(SystemExit):
-            checkpoints._ask_to_stop(signal.SIGINT, None)
+            stops._ask_to_stop(signal.SIGINT, None)
         assert "resume with: python grpo.py --resume runs/run" in capsys.readouterr().err
     finally:
         for number, handler in handlers.items():
@@ -236,9 +236,17 @@ def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in
     assert f"resumed {folder} after iteration 1" in out and "iteration    4/4" in out
 
 
+def log_of(run_dir: str, num_iterations: int = 5, eval_every: int = 2, evaluate=lambda: None):
+    """An IterationLog of a run of 4 responses per iteration, without a model (nothing to gather, nothing to say of
+    its size)."""
+    args = types.SimpleNamespace(num_iterations=num_iterations, eval_every=eval_every, prompts_per_iteration=1,
+                                 group_size=4, gradient_checkpointing=False)
+    return runs.IterationLog(run_dir, args, evaluate)
+
+
 def test_out_of_gpu_memory_names_the_phase_and_the_flags_that_cut_memory(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
+    log = log_of("runs/run")
     with pytest.raises(SystemExit) as e:
         with log.phase("update"):
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -253,14 +261,14 @@ def test_an_unwritable_run_folder_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("a file where the runs folder should be")
     with pytest.raises(SystemExit) as e:
-        runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
+        log_of("runs/run")
     assert str(e.value).startswith("error: cannot write the run's folder runs/run") and "\n" not in str(e.value)
 
 
 def test_a_long_phase_shows_where_it_stands(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(runs, "STATUS_EVERY", 0.05)
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"), contextlib.nullcontext, lambda: None)
+    log = log_of("runs/run")
     log.begin_iteration(3)
     with log.phase("generate"):
         threading.Event().wait(0.3)
@@ -285,8 +293,7 @@ def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
     # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
     sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
     greedy = torch.tensor([[1.0], [0], [0]])
-    log = runs.IterationLog("runs/run", {}, 1, 5, 2, 4, True, torch.device("cpu"),
-                            contextlib.nullcontext, lambda: (sampled, greedy))
+    log = log_of("runs/run", evaluate=lambda: (sampled, greedy))
     log.begin()
     log.close()
     line = capsys.readouterr().out
@@ -309,8 +316,7 @@ def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
 
 def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    log = runs.IterationLog("runs/run", {}, 1, 10, 100, 4, True, torch.device("cpu"),
-                            contextlib.nullcontext, lambda: None)
+    log = log_of("runs/run", num_iterations=10, eval_every=100)
     scalars = {"charts/train_accuracy": 0.0, "charts/response_length": 3.0, "charts/truncated_fraction": 0.75,
                "charts/zero_signal_fraction": 1.0}
     for iteration in range(1, 6):
@@ -319,8 +325,7 @@ def test_a_run_that_is_never_right_says_so_once(tmp_path, monkeypatch, capsys):
     log.close()
     out = capsys.readouterr().out
     assert out.count("no sampled response has been right in 3 iterations") == 1 and "truncated 0.75" in out
-    log = runs.IterationLog("runs/run2", {}, 1, 10, 100, 4, True, torch.device("cpu"),
-                            contextlib.nullcontext, lambda: None)
+    log = log_of("runs/run2", num_iterations=10, eval_every=100)
     for iteration, accuracy in enumerate((0.0, 0.25, 0.0, 0.0, 0.0), start=1):  # right once: no warning later
         log.begin_iteration(iteration)
         log.end_iteration(iteration, {**scalars, "charts/train_accuracy": accuracy}, {"policy_loss": [0.0]}, 1e-3)
@@ -336,9 +341,7 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
         evaluations.append(len(evaluations))
         return torch.tensor([[0.5]]), torch.tensor([[0.75]])
 
-    log = runs.IterationLog("runs/run", {"lr": 1.0}, 1, num_iterations=5, eval_every=2, responses_per_iteration=4,
-                            evaluate=evaluate, is_main=True, device=torch.device("cpu"),
-                            whole_weights=contextlib.nullcontext)
+    log = log_of("runs/run", evaluate=evaluate)
     log.begin()
     scalars = {"charts/reward": -0.5, "charts/train_accuracy": 0.25, "charts/response_length": 3.0,
                "charts/truncated_fraction": 0.5, "charts/zero_signal_fraction": 0.125}

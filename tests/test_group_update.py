@@ -28,13 +28,12 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, rows_of, sgd_step,
-                            tiny_gpt2, update, update_args)
-from common import llm, runs
+from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, forward_of, rows_of,
+                            sgd_step, tiny_gpt2, update, update_args)
+from common import policy, processes, runs, sampling
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 F64 = torch.float64
-NO_AUTOCAST = torch.autocast("cpu", enabled=False)
 
 # Asymmetric hyperparameters, none equal to a default, so that a swapped or defaulted argument shows.
 HPARAMS = {
@@ -267,9 +266,10 @@ def adam_update(module, model, rollout, args, skip: bool, seed: int = 3):
     # as rounding noise of ~1e-10, which Adam would blow up to ±lr whichever order the sums were taken in
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2, eps=1e-4)
     torch.manual_seed(seed)
-    epochs = [llm.draw_minibatches(rollout.advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
-                                   skip) for epoch in range(args.update_epochs)]
-    stats = module.update_policy(model, optimizer, rollout, epochs, args, NO_AUTOCAST)
+    epochs = [processes.draw_minibatches(rollout.advantages, args.group_size, num_minibatches=args.num_minibatches,
+                                         micro_batch_size=args.micro_batch_size, skip_no_signal=skip)
+              for epoch in range(args.update_epochs)]
+    stats = module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
     return params_of(getattr(model, "module", model)), optimizer.state_dict()["state"], stats  # DDP wraps the model
 
 
@@ -389,7 +389,7 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_pass_looks_its_tokens_up_once(name):
     """A pass runs the shared head, the tails and the responses as three model calls, but looks their tokens up in
-    the embedding matrix once (llm.embed): that matrix (49,152 × 576 for SmolLM2, tied to the output layer) then
+    the embedding matrix once (sampling.embed): that matrix (49,152 × 576 for SmolLM2, tied to the output layer) then
     gets one dense gradient per pass, not one per call for the backward pass to add up."""
     module = MODULES[name]
     model = tiny_gpt2()
@@ -404,7 +404,7 @@ def test_a_pass_looks_its_tokens_up_once(name):
 
 def input_ids(model, kwargs) -> torch.Tensor:
     """The tokens a model call runs, from a forward pre-hook's kwargs: their ids, or where the caller looked their
-    embeddings up (llm.embed), the rows of the embedding matrix those are."""
+    embeddings up (sampling.embed), the rows of the embedding matrix those are."""
     if kwargs.get("input_ids") is not None:
         return kwargs["input_ids"]
     embeds = kwargs["inputs_embeds"].detach()
@@ -416,7 +416,7 @@ def input_ids(model, kwargs) -> torch.Tensor:
 def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micro_batch_size, monkeypatch):
     """β = 0: a group whose advantages are all 0 adds nothing to the gradient, so the forward and backward passes
     see only the others, each once per epoch (the step is still the whole batch's: test_group_distributed.py).
-    Each pass reads a group's prompt once (llm.read_prompts), then its responses. With β > 0 the KL term has a
+    Each pass reads a group's prompt once (sampling.read_prompts), then its responses. With β > 0 the KL term has a
     gradient on every response: all of them go through."""
     module = MODULES[name]
     model = tiny_gpt2()
@@ -428,13 +428,13 @@ def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micr
     hook = model.register_forward_pre_hook(
         lambda m, args, kwargs: seen.extend(input_ids(m, kwargs).tolist() if kwargs["logits_to_keep"] == width else []),
         with_kwargs=True)
-    read_prompts = llm.read_prompts
+    read_prompts = sampling.read_prompts
 
-    def recording(model, prompt_ids, prompt_mask, *rest):
+    def recording(model, prompt_ids, prompt_mask, *rest, **kwargs):
         prompts_read.extend(tuple(ids[mask.bool()].tolist()) for ids, mask in zip(prompt_ids, prompt_mask))
-        return read_prompts(model, prompt_ids, prompt_mask, *rest)
+        return read_prompts(model, prompt_ids, prompt_mask, *rest, **kwargs)
 
-    monkeypatch.setattr(llm, "read_prompts", recording)
+    monkeypatch.setattr(sampling, "read_prompts", recording)
     args = update_args(module, micro_batch_size, beta=0.0, num_minibatches=2, update_epochs=2)
     update(module, model, torch.optim.SGD(model.parameters(), lr=0.1), rollout, args)
     responses = [tuple(ids[1:]) for ids in seen]  # [last prompt token, y...]
@@ -455,7 +455,8 @@ def score(module, model, ref_model, rollout, args):
     samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask,
                              torch.zeros(len(rollout.responses), dtype=torch.bool), torch.zeros_like(rollout.mask),
                              torch.zeros_like(rollout.mask))
-    return module.score_responses(model, ref_model, samples, draw_epochs(rollout, args)[0], args, NO_AUTOCAST)
+    return module.score_responses(model, ref_model, samples, draw_epochs(rollout, args)[0], args,
+                                  forward_of(module, args))
 
 
 def assert_scores(module, model, ref_model, rollout, args, reference):
@@ -522,7 +523,7 @@ def test_gradients_are_synchronised_once_per_optimiser_step(name, monkeypatch):
         flags.append(last)
         return module.contextlib.nullcontext()
 
-    monkeypatch.setattr(llm, "gradient_sync", gradient_sync)
+    monkeypatch.setattr(processes, "gradient_sync", gradient_sync)
     model = tiny_gpt2()
     rollout = fixed_rollout(module, model)
     for micro_batch_size, expected in ((None, [True, True]), (4, [False, True] * 2),
@@ -541,7 +542,7 @@ def test_lora_reference_is_the_base_model_with_the_adapters_off(name):
     base = copy.deepcopy(model)
     rollout = fixed_rollout(module, model)
     args = update_args(module, beta=0.04, lora_rank=1, lora_alpha=8.0)  # rank 1: the smallest rank is still LoRA
-    model = llm.add_lora(model, args.lora_rank, args.lora_alpha)
+    model = policy.add_lora(model, args.lora_rank, args.lora_alpha)
     ref_model = module.reference_model(model, args)
     assert ref_model is model  # no second copy: the reference is the policy with its adapters off
     with torch.no_grad():
@@ -604,9 +605,10 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
     namespace = dict(vars(module), __name__="__main__")
     real_sample, real_update = module.sample, module.update_policy
 
-    def sample(model, tokenizer, task, prompts, args, device, num_samples, greedy=False):
-        out = real_sample(model, tokenizer, task, prompts, args, device, num_samples=num_samples, greedy=greedy)
-        training = num_samples == args.group_size and not greedy
+    def sample(model, prompt_format, prompts, args, device, num_samples, greedy=False, generator=None):
+        out = real_sample(model, prompt_format, prompts, args, device, num_samples, greedy, generator)
+        training = num_samples == args.group_size and greedy is False
+        tokenizer = prompt_format.tokenizer
         if training and responses_for is not None:
             out = designed_round(module, out, responses_for(prompts, tokenizer, args), tokenizer, args)
         rounds.append(dict(open=training, keys=row_keys(out, num_samples), mask=out.mask, truncated=out.truncated,
@@ -614,11 +616,11 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
         rounds[-1]["training"] = training
         return out
 
-    def update_policy(model, optimizer, rollout, epochs, args, autocast):
+    def update_policy(model, optimizer, rollout, epochs, args, forward):
         for r in rounds:  # evaluate() samples through the module's own sample(): its rewards are not the round's
             r["open"] = False
         updates.append(rollout)
-        return real_update(model, optimizer, rollout, epochs, args, autocast)
+        return real_update(model, optimizer, rollout, epochs, args, forward)
 
     def get_task(name, eval_task=None):
         return RecordingTask(module.get_task(name, eval_task), rounds)
@@ -627,9 +629,9 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
     for name, value in list(namespace.items()):
         if isinstance(value, types.FunctionType) and value.__globals__ is vars(module):
             namespace[name] = types.FunctionType(value.__code__, namespace, name, value.__defaults__, value.__closure__)
-    def rollout_stats(rewards, accuracies, *rest):
+    def rollout_stats(samples, rewards, advantages, accuracies, **rest):
         logged.append(dict(rewards=rewards.tolist(), accuracies=accuracies.tolist()))
-        return llm.rollout_stats(rewards, accuracies, *rest)
+        return runs.rollout_stats(samples, rewards, advantages, accuracies, **rest)
 
     class IterationLog(runs.IterationLog):
         def end_iteration(self, iteration, scalars, *rest):
@@ -637,10 +639,9 @@ def run_main(module, argv, monkeypatch, tmp_path, responses_for=None):
             return super().end_iteration(iteration, scalars, *rest)
 
     logged = []
-    recording_llm = types.SimpleNamespace(**{**vars(llm), "rollout_stats": rollout_stats})
-    recording_runs = types.SimpleNamespace(**{**vars(runs), "IterationLog": IterationLog})
-    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, llm=recording_llm,
-                     runs=recording_runs)
+    recording_runs = types.SimpleNamespace(**{**vars(runs), "IterationLog": IterationLog,
+                                              "rollout_stats": rollout_stats})
+    namespace.update(sample=sample, update_policy=update_policy, get_task=get_task, runs=recording_runs)
     tree = ast.parse(open(module.__file__, encoding="utf-8").read())
     (main,) = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
     exec(compile(ast.Module(body=main.body, type_ignores=[]), module.__file__, "exec"), namespace)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import grpo
+from common import policy, sampling
 from common.tasks import TASKS
-from common import llm
 from conftest import ROOT
 
 TINY = os.path.join(ROOT, "common", "models", "tiny_model")
@@ -125,7 +125,7 @@ def test_mask_keeps_eos_when_pad_equals_eos():
 
 @pytest.fixture(scope="module")
 def tiny():
-    return llm.load_policy("tiny", TINY, torch.device("cpu"))
+    return policy.load_policy("tiny", torch.device("cpu"), path=TINY)
 
 
 def test_tiny_model_tokenizer(tiny):
@@ -142,7 +142,8 @@ def test_left_padded_logprobs_equal_logprobs_alone(tiny):
     args = grpo.Args(max_new_tokens=6, few_shot=0)
     torch.manual_seed(0)
     prompts = ["7+5=", "123+456=", "45-9="]
-    samples = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", num_samples=2)
+    prompt_format = sampling.PromptFormat(tokenizer, TASKS["addition"], few_shot=0)
+    samples = grpo.sample(model, prompt_format, prompts, args, "cpu", num_samples=2)
     index = torch.arange(6) // 2
     batch = grpo.token_logprobs(grpo.response_logits(model, samples.prompt_ids, samples.prompt_mask, index,
                                                      samples.responses, 1.0), samples.responses)
@@ -158,11 +159,12 @@ def test_batched_greedy_generation_equals_alone(tiny):
     tokenizer, model = tiny
     args = grpo.Args(max_new_tokens=8, few_shot=0)
     prompts = ["7+5=", "123+456=", "45-9="]
-    samples = grpo.sample(model, tokenizer, TASKS["addition"], prompts, args, "cpu", 1, greedy=True)
-    together = llm.decode(tokenizer, samples.responses, samples.mask)
+    prompt_format = sampling.PromptFormat(tokenizer, TASKS["addition"], few_shot=0)
+    samples = grpo.sample(model, prompt_format, prompts, args, "cpu", 1, greedy=True)
+    together = prompt_format.decode(samples.responses, samples.mask)
     for prompt, text in zip(prompts, together):
-        alone = grpo.sample(model, tokenizer, TASKS["addition"], [prompt], args, "cpu", 1, greedy=True)
-        assert llm.decode(tokenizer, alone.responses, alone.mask) == [text]
+        alone = grpo.sample(model, prompt_format, [prompt], args, "cpu", 1, greedy=True)
+        assert prompt_format.decode(alone.responses, alone.mask) == [text]
 
 
 def test_base_model_has_headroom(tiny):
@@ -171,9 +173,11 @@ def test_base_model_has_headroom(tiny):
     tokenizer, model = tiny
     torch.manual_seed(0)
     task = TASKS["addition"]
-    sampled, greedy = grpo.evaluate(model, tokenizer, task, task.prompts(200, __import__("random").Random(0), "test"),
-                                    grpo.Args(max_new_tokens=8, few_shot=0), "cpu",
-                                    torch.autocast("cpu", enabled=False))
+    prompt_format = sampling.PromptFormat(tokenizer, task, few_shot=0)
+    forward = grpo.Forward(torch.autocast("cpu", enabled=False), share_prompt=True)
+    eval_pairs = task.prompts(200, __import__("random").Random(0), "test")
+    sampled, greedy = grpo.evaluate(model, prompt_format, task, eval_pairs, grpo.Args(max_new_tokens=8, few_shot=0),
+                                    "cpu", forward)
     assert sampled.shape == greedy.shape == (200, 1)
     assert 0.25 <= sampled.mean() <= 0.6 and greedy.mean() > sampled.mean()
 
@@ -200,7 +204,7 @@ def test_base_model_has_headroom(tiny):
 )
 def test_bad_arguments_give_one_clear_line(field, value, flag):
     args = grpo.Args(**{field: value})
-    llm.resolve_defaults(args)  # as the main block does, before the checks
+    policy.resolve_defaults(args, beta=grpo.BETA)  # as the main block does, before the checks
     with pytest.raises(SystemExit) as e:
         grpo.check_args(args)
     message = str(e.value)
@@ -209,8 +213,8 @@ def test_bad_arguments_give_one_clear_line(field, value, flag):
 
 def test_missing_model_folder_is_refused():
     with pytest.raises(SystemExit, match="--model './no/such/model'"):
-        llm.resolve_model_path("./no/such/model")
-    assert llm.resolve_model_path("common/models/tiny_model") == TINY
+        policy.resolve_model_path("./no/such/model")
+    assert policy.resolve_model_path("common/models/tiny_model") == TINY
 
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
@@ -221,7 +225,7 @@ def test_tokenizer_without_eos_is_refused(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match="no EOS token"):
-        llm.load_policy(str(tmp_path), str(tmp_path), torch.device("cpu"))
+        policy.load_policy(str(tmp_path), torch.device("cpu"))
 
 
 # ---------------------------------------------------------------- end to end from the CLI

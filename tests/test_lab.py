@@ -216,20 +216,20 @@ def test_an_experiment_runs_end_to_end(tmp_path):
 
 def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():
     # grpo.py's tags are checked on real logs above; every sibling logs them through the same function of
-    # common/llm.py (dapo.py on its task accuracies, since its reward also carries the overlong penalty)
+    # common/runs.py (dapo.py on its task accuracies, since its reward also carries the overlong penalty)
     calls = {}
     for script in ("grpo.py", "dr_grpo.py", "dapo.py", "gspo.py", "sapo.py"):
         with open(os.path.join(ROOT, script)) as f:
             source = f.read()
         assert "charts/zero_signal_fraction" not in source and "right_response_length" not in source, script
         calls[script] = [ast.unparse(node) for node in ast.walk(ast.parse(source))
-                         if isinstance(node, ast.Call) and ast.unparse(node.func) == "llm.rollout_stats"]
+                         if isinstance(node, ast.Call) and ast.unparse(node.func) == "runs.rollout_stats"]
     assert calls["grpo.py"] == [
-        "llm.rollout_stats(rewards, rewards, advantages, samples.mask, samples.truncated, samples.entropies, "
-        "args.group_size)"]
+        "runs.rollout_stats(samples, rewards, advantages, accuracies=rewards, old_logprobs=old_logprobs, "
+        "first_epoch=epochs[0])"]
     assert calls["dapo.py"] == [
-        "llm.rollout_stats(rewards, accuracies, advantages, samples.mask, samples.truncated, samples.entropies, "
-        "args.group_size)"]
+        "runs.rollout_stats(samples, rewards, advantages, accuracies=accuracies, old_logprobs=old_logprobs, "
+        "first_epoch=epochs[0])"]
     assert calls["dr_grpo.py"] == calls["gspo.py"] == calls["sapo.py"] == calls["grpo.py"]
 
 

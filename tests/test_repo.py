@@ -44,19 +44,20 @@ def imported_modules(path: str) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            names |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from common import llm`: common.llm
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}  # `from common import runs`: common.runs
     return names
+
+
+RUNTIME = ["common.tasks", "common.processes", "common.sampling", "common.policy", "common.checkpoints", "common.runs"]
 
 
 def test_imports_run_one_way_algorithm_files_to_runtime_modules_and_tools_to_algorithm_files():
     algorithms = set(GROUP + CLASSIC)
-    runtime = {"common.tasks", "common.llm", "common.runs"}
     for name in algorithms:  # an algorithm file imports the runtime modules of common/ and nothing else of the repo
         repo_imports = {m for m in imported_modules(os.path.join(ROOT, f"{name}.py"))
                         if m.split(".")[0] in algorithms | {"common"}}
-        outside = {m for m in repo_imports if not any(m == r or m.startswith(r + ".") for r in runtime)}
-        assert not outside, (f"{name}.py imports {outside}: "
-                             "an algorithm file imports only common.tasks, common.llm and common.runs")
+        outside = {m for m in repo_imports if not any(m == r or m.startswith(r + ".") for r in RUNTIME)}
+        assert not outside, f"{name}.py imports {outside}: an algorithm file imports only {', '.join(RUNTIME)}"
     for dirpath, _, files in os.walk(os.path.join(ROOT, "common")):
         for f in files:
             if not f.endswith(".py"):
@@ -66,3 +67,42 @@ def test_imports_run_one_way_algorithm_files_to_runtime_modules_and_tools_to_alg
             tool = os.path.relpath(path, ROOT).startswith(("common/tools", "common/lab"))
             assert tool or not up, f"{os.path.relpath(path, ROOT)} imports the algorithm file(s) {up}: only tools may"
 
+
+def test_the_runtime_modules_import_only_the_ones_below_them():
+    # RUNTIME lists them bottom up: each may import those before it, none after it, nor a tool, the lab or a model
+    for position, module in enumerate(RUNTIME):
+        path = os.path.join(ROOT, *module.split(".")) + ".py"
+        repo = {m for m in imported_modules(path) if m.startswith("common")}
+        above = {m for m in repo if not any(m == r or m.startswith(r + ".") for r in RUNTIME[:position])}
+        assert not above, f"{module} imports {above}: a runtime module imports only those listed before it"
+
+
+def group_names_from_common(path: str) -> set[str]:
+    """The names a file takes from common/: `module.name` for each `from common import module`, and each
+    `from common.module import name`."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    modules, names = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "common":
+            for alias in node.names:
+                (modules if node.module == "common" else names).add(alias.asname or alias.name)
+    return names | {f"{n.value.id}.{n.attr}" for n in ast.walk(tree)
+                    if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in modules}
+
+
+def test_the_group_files_take_few_names_from_common():
+    # narrow doors: a reader of a group file meets at most 28 names of common/, each one a step it can name
+    for name in GROUP:
+        names = group_names_from_common(os.path.join(ROOT, f"{name}.py"))
+        assert len(names) <= 28, f"{name}.py takes {len(names)} names from common/: {sorted(names)}"
+
+
+def test_files_a_reader_takes_in_at_a_glance():
+    # at most 10 % of the lines of a group file or a runtime module wider than 100 characters (the anchors:
+    # 3-11 %), and a runtime module other than the tasks under 500 lines
+    for path in [f"{name}.py" for name in GROUP] + [os.path.join(*m.split(".")) + ".py" for m in RUNTIME]:
+        lines = open(os.path.join(ROOT, path), encoding="utf-8").read().splitlines()
+        wide = [number for number, line in enumerate(lines, 1) if len(line) > 100]
+        assert len(wide) <= len(lines) // 10, f"{path}: {len(wide)} of {len(lines)} lines over 100 characters"
+        if path.startswith("common") and not path.endswith("tasks.py"):
+            assert len(lines) <= 500, f"{path} has {len(lines)} lines: split it by what it is about"

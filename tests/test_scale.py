@@ -9,7 +9,6 @@ import pytest
 from conftest import ROOT
 
 
-
 def scale(*flags):
     return subprocess.run([sys.executable, "-m", "common.tools.scale", "run", *flags], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -39,22 +38,26 @@ def test_tiny_run_fills_a_row():
 
 def test_the_plan_sizes_passes_as_a_run_does():
     """The plan's rows come from the functions a run calls: SmolLM2 on a CPU keeps its whole minibatch of 16 (the
-    recipe's passes), and no GPU row's estimate exceeds 90 % of the card."""
-    from common import llm
+    recipe's passes), no GPU row's estimate exceeds 90 % of the card, and a 7B model sharded over 8 cards (--fsdp)
+    charges each process its share of the training state, not the whole model's."""
+    from common import policy
     from common.tools import scale as tool
 
     result = subprocess.run([sys.executable, "-m", "common.tools.scale"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
-            for line in result.stdout.split("\nState per process")[0].splitlines()
-            if line.startswith("| ") and "---" not in line}
-    assert set(tool.CONFIGS[name][0] for name, *_ in tool.PLAN) and len(rows) == len(tool.PLAN) + 1
-    assert rows["smollm2-135m"][7] == "16 of 16"
-    for name, where, *_ in tool.PLAN:
+    cells = [[c.strip() for c in line.strip("|").split("|")]
+             for line in result.stdout.split("\nState per process")[0].splitlines()
+             if line.startswith("| ") and "---" not in line][1:]  # the rows under the header
+    rows = {f"{row[0]} {row[3]}": row for row in cells}  # model and what is trained
+    assert rows["smollm2-135m all"][7] == "16 of 16"
+    (fsdp,) = [row for name, row in rows.items() if row[3] == "FSDP"]  # 7B on 8 cards, each holding an 8th
+    assert float(fsdp[6].split()[0]) > 0 and int(fsdp[7].split()[0]) >= 4  # not 1 response in a budget < 0
+    assert len(rows) == len(tool.PLAN)
+    for name, where, _, trained, *_ in tool.PLAN:
         if where != "cpu":
-            assert float(rows[name][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
-    assert llm.pass_size(16, 8, 65 * 2**20, llm.CPU_PASS_BUDGET) == 16
+            assert float(rows[f"{name} {trained}"][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
+    assert policy.pass_size(16, 8, 65 * 2**20, policy.CPU_PASS_BUDGET) == 16
 
 
 def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):

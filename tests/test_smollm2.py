@@ -50,12 +50,12 @@ def test_complete_folder_is_left_as_it_is(tmp_path, capsys, no_download):
     import tyro
 
     import grpo
-    from common import llm
+    from common import policy
 
     words = shlex.split(command)
     assert words[:2] == ["python", "grpo.py"] and "--task" in words and words[words.index("--task") + 1] == "addition2"
     args = tyro.cli(grpo.Args, args=words[2:])
-    llm.resolve_defaults(args)
+    policy.resolve_defaults(args, beta=grpo.BETA)
     grpo.check_args(args)
 
 

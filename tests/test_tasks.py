@@ -566,8 +566,9 @@ def test_jsonl_good_file(tmp_path):
     records = {q: (t, s) for split in task.splits.values() for q, t, s in split}
     assert len(records) == 100 and task.splits["test"] and task.splits["train"]
     assert records["What is 48/2?"] == ("24", "48/2 = 24\n#### 24")  # calculator notes removed
-    assert records["How many grams in 1,500 kg?"] == ("1500000", "1500000")  # no reasoning: the number
-    assert records["Half of 5?"] == ("2.5", "2.5")
+    # no reasoning: the answer after "####", as the instruction of a chat model asks
+    assert records["How many grams in 1,500 kg?"] == ("1500000", "#### 1500000")
+    assert records["Half of 5?"] == ("2.5", "#### 2.5")
     assert records["What is 3 plus 4?"] == ("7", "3 + 4 = 7\n#### 7")
     # without replacement while n fits in the split; beyond it, training draws with replacement, and an evaluation
     # gets the whole test split, each question once
@@ -577,6 +578,22 @@ def test_jsonl_good_file(tmp_path):
     assert sorted(task.prompts(size + 5, random.Random(0), split="test")) == whole_split
     train_size = len(task.splits["train"])
     assert len(task.prompts(train_size + 5, random.Random(0), split="train")) == train_size + 5
+
+
+def test_a_demonstration_is_a_right_answer_in_the_format_its_instruction_asks(tmp_path):
+    """A solved example sits under the task's instruction (a chat model's earlier turn): it must follow it. A dataset
+    file's bare answers become "#### <answer>", as its instruction asks (shown bare, they taught SmolLM2 to drop
+    the format and its working); every task's demonstration scores 1 by the task's own reward."""
+    numbers, texts = tmp_path / "sums.jsonl", tmp_path / "capitals.jsonl"
+    numbers.write_text("".join(json.dumps({"question": f"{i}+{i}=", "answer": 2 * i}) + "\n" for i in range(60)))
+    texts.write_text("".join(json.dumps({"question": f"Capital {i}?", "answer": f"C{i}"}) + "\n" for i in range(60)))
+    for task in [get_task(name) for name in TASKS] + [get_task(str(numbers)), get_task(str(texts))]:
+        solved = task.examples(5, random.Random(2))
+        targets = dict(task.prompts(5, random.Random(2), split="train"))  # the same draws, with their targets
+        for question, solution in solved:
+            assert task.reward(solution, targets[question]) == 1.0, (task.name, question, solution)
+        if "####" in task.instruction:
+            assert all(solution.startswith("#### ") for _, solution in solved), task.name
 
 
 def test_jsonl_with_a_test_file_trains_on_one_and_evaluates_on_the_other(tmp_path):

@@ -1,7 +1,7 @@
 """Run by torchrun (2 processes) from test_group_distributed.py: one group file's main block in a fresh process, as
 `torchrun --nproc_per_node 2 grpo.py ...` runs it; then each process writes what is left when the block returns: the
 time, and the gloo worker threads still alive (one that outlives the script can abort it during interpreter
-finalisation: common/llm.py finish_distributed). Not a test file."""
+finalisation: common/processes.py, finish). Not a test file."""
 
 import json
 import os

@@ -1,11 +1,13 @@
 """Run by torchrun (2 processes, gloo) from test_group_fsdp.py, so that one launch serves every check of --fsdp:
 1. every group file takes one optimiser step on this process's half of a fixed batch with the model sharded by
-   llm.distribute (FSDP2), with and without micro-batches, and with β = 0 on a batch whose halves hold unequal
-   numbers of groups with signal; process 0 saves the whole weights after it, for the test to compare with the
-   one-process step;
+   processes.distribute (FSDP2), with and without micro-batches, and with β = 0 on a batch whose halves hold unequal
+   numbers of groups with signal; then, as in a run, scores the batch first (which leaves the root's weights
+   gathered) and steps with a gradient clip that acts; process 0 saves the whole weights after each step, and the
+   logged gradient norm, for the test to compare with the one-process step;
 2. grpo.py and dapo.py run from their command line with --fsdp: 4 iterations straight (saving the model), and again
-   stopped by a SIGTERM to each process after iteration 2 and resumed (--resume), for the test to compare (which
-   also offers that run to one process, to be refused). Not a test file."""
+   stopped by a SIGTERM to process 1 alone after iteration 2 (both stop: none is left in the gathering save) and
+   resumed (--resume), for the test to compare (which also offers that run to one process, to be refused).
+   Not a test file."""
 
 import dataclasses
 import importlib
@@ -18,8 +20,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
-from fixed_rollouts import fixed_rollout, shard, tiny_gpt2, update, update_args  # noqa: E402
-from common import llm, runs  # noqa: E402
+from common import processes, runs  # noqa: E402
+from fixed_rollouts import draw_epochs, fixed_rollout, forward_of, shard, tiny_gpt2, update, update_args  # noqa: E402
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -34,11 +36,28 @@ def whole(model) -> dict:
 def sharded_sgd_step(module, rollout_of, args) -> dict:
     model = tiny_gpt2()
     rollout = shard(module, rollout_of(model), rank, world_size)
-    model = llm.distribute(model, True, world_size)
+    model = processes.distribute(model, True, world_size)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)  # after sharding
     torch.manual_seed(2)
     update(module, model, optimizer, rollout, dataclasses.replace(args, fsdp=True))
     return whole(model)
+
+
+def scored_and_clipped_step(module, args) -> tuple[dict, list]:
+    """As a run does it: π_θold scored in the first epoch's passes (the root's weights stay gathered after a
+    forward pass), then one SGD step whose gradient the clip shrinks; the whole weights and the logged norm."""
+    args = dataclasses.replace(args, fsdp=True)
+    model = tiny_gpt2()
+    rollout = shard(module, fixed_rollout(module, model), rank, world_size)
+    model = processes.distribute(model, True, world_size)
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+    torch.manual_seed(2)
+    epochs = draw_epochs(rollout, args)
+    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None,
+                             None)
+    module.score_responses(model, None, samples, epochs[0], args, forward_of(module, args))
+    stats = module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
+    return whole(model), stats["grad_norm"]
 
 
 if __name__ == "__main__":
@@ -54,6 +73,7 @@ if __name__ == "__main__":
             steps[name, micro_batch_size, "beta 0"] = sharded_sgd_step(
                 module, lambda model: fixed_rollout(module, model, no_signal=(1, 2, 3)),
                 update_args(module, micro_batch_size, beta=0.0))
+        steps[name, "scored, clipped"] = scored_and_clipped_step(module, update_args(module, max_grad_norm=1e-3))
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
     torch.distributed.destroy_process_group()
@@ -67,7 +87,7 @@ if __name__ == "__main__":
 
     def stopped_after_2(self, iteration, *rest):
         real_end(self, iteration, *rest)
-        if iteration == 2:
+        if iteration == 2 and rank == 1:  # one process only: the other must not wait for it in the save
             os.kill(os.getpid(), signal.SIGTERM)
 
     port = base_port

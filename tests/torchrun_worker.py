@@ -6,8 +6,9 @@
 2. every group file runs from its command line for 2 iterations (its main block, in this process, in its own
    folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
    weights, which must agree (the processes sample different responses; DDP keeps one model);
-3. grpo.py for 4 iterations straight, and again stopped by a SIGTERM to each process after iteration 2 and resumed
-   (--resume): process 0's logs and saved model, for the test to compare. Not a test file."""
+3. grpo.py for 4 iterations straight, and again stopped by a SIGTERM to process 1 alone after iteration 2 (every
+   process stops with it) and resumed (--resume): process 0's logs and saved model, for the test to compare.
+   Not a test file."""
 
 import importlib
 import os
@@ -21,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
 from test_group_update import adam_update  # noqa: E402
-from common import llm  # noqa: E402
+from common import processes  # noqa: E402
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -38,7 +39,7 @@ if __name__ == "__main__":
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
             steps[name, micro_batch_size] = sgd_step(module, ddp_model, rollout, update_args(module, micro_batch_size))
             # β = 0 and groups 1-3 without signal: process 0 holds 4 responses with signal, process 1 none, so it runs
-            # 4 of its zero-advantage rows to match process 0's passes (common/llm.py signal_rows)
+            # 4 of its zero-advantage rows to match process 0's passes (common/processes.py: draw_minibatches)
             model = tiny_gpt2()
             rollout = shard(module, fixed_rollout(module, model, no_signal=(1, 2, 3)), rank, world_size)
             ddp_model = torch.nn.parallel.DistributedDataParallel(model)
@@ -55,7 +56,7 @@ if __name__ == "__main__":
                 ddp_model = torch.nn.parallel.DistributedDataParallel(model)
                 steps[name, micro_batch_size, "adam", skip] = adam_update(module, ddp_model, rollout, args, skip)[0]
     # the logged statistics of the whole batch: process 0 counts 1 part of 4, process 1 2 of 4
-    steps["whole-batch statistics"] = llm.global_fraction(rank + 1.0, 4.0), llm.global_mean(float(rank))
+    steps["whole-batch statistics"] = processes.global_fraction(rank + 1.0, 4.0), processes.global_mean(float(rank))
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
     torch.distributed.destroy_process_group()
@@ -86,8 +87,8 @@ if __name__ == "__main__":
 
     def stopped_after_2(self, iteration, *rest):
         real_end(self, iteration, *rest)
-        if iteration == 2:
-            os.kill(os.getpid(), signal.SIGTERM)  # each process gets its own, as from torchrun or a scheduler
+        if iteration == 2 and rank == 1:  # one process only: the others must stop with it
+            os.kill(os.getpid(), signal.SIGTERM)
 
     for index, (part, argv) in enumerate([("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]):
         os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + index)

@@ -42,22 +42,23 @@ def sample_rewards(model_path: str, args) -> list[list[float]]:
     import torch
 
     import grpo
-    from common import llm
+    from common import policy, sampling
     from common.lab.lab import duration
     from common.tasks import EVAL_SEED, get_task
 
     task = get_task(args.task)
     questions = task.prompts(args.prompts, random.Random(EVAL_SEED), split="test")  # grpo.py's held-out questions
-    tokenizer, model = llm.load_policy(model_path, llm.resolve_model_path(model_path), torch.device("cpu"))
+    tokenizer, model = policy.load_policy(model_path, torch.device("cpu"))
     model.eval()
     g = grpo.Args(model=model_path, task=args.task, few_shot=args.few_shot, max_new_tokens=args.max_new_tokens,
                   temperature=1.0)
+    prompt_format = sampling.PromptFormat(tokenizer, task, args.few_shot, model=model)
     torch.manual_seed(args.seed)
     rewards, began = [], time.time()
     for start in range(0, len(questions), args.chunk):
         chunk = questions[start : start + args.chunk]
-        samples = grpo.sample(model, tokenizer, task, [q for q, _ in chunk], g, torch.device("cpu"), args.samples)
-        texts = llm.decode(tokenizer, samples.responses, samples.mask)
+        samples = grpo.sample(model, prompt_format, [q for q, _ in chunk], g, torch.device("cpu"), args.samples)
+        texts = prompt_format.decode(samples.responses, samples.mask)
         for i, (_, target) in enumerate(chunk):
             rewards.append([task.reward(text, target) for text in texts[i * args.samples : (i + 1) * args.samples]])
         seconds = time.time() - began

@@ -131,7 +131,7 @@ def setup(args, n_positions: int, chars=CHARS):
         vocab_size=len(tokenizer), n_positions=n_positions, n_embd=128, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-        embedded_toy_model=True,  # what gives it and the models trained from it the toy defaults (common/llm.py)
+        embedded_toy_model=True,  # what gives it and the models trained from it the toy defaults (common/policy.py)
     )
     model = GPT2LMHeadModel(config)
     print(f"parameters: {sum(p.numel() for p in model.parameters()):,}")

@@ -294,10 +294,10 @@ def grpo_args(flags: list[str], **fields):
     import tyro
 
     import grpo
-    from common.llm import resolve_defaults
+    from common.policy import resolve_defaults
 
     args = tyro.cli(grpo.Args, args=flags + [f"--{k.replace('_', '-')}={v}" for k, v in fields.items()])
-    resolve_defaults(args)
+    resolve_defaults(args, beta=grpo.BETA)
     return args
 
 
@@ -313,7 +313,7 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
     from trl import GRPOTrainer
 
     import grpo
-    from common import llm
+    from common import policy, sampling
     from common.tasks import EVAL_SEED, get_task
 
     hf_logging.set_verbosity_error()
@@ -325,16 +325,17 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
     np.random.seed(seed)
     torch.manual_seed(seed)
     device = torch.device("cpu")
-    model_path = llm.resolve_model_path(g.model)
-    tokenizer, model = llm.load_policy(model_path, model_path, device)  # named by its path: TRL reloads it for β > 0
+    model_path = policy.resolve_model_path(g.model)
+    tokenizer, model = policy.load_policy(model_path, device)  # named by its path: TRL reloads it for β > 0
     task = get_task(g.task, g.eval_task)
     # grpo.py draws B prompts per iteration from random.Random(seed): the same stream, all at once, and the
     # same text: a chat model's template with its few-shot turns (TRL tokenizes a text prompt as it is).
     pairs = task.prompts(g.prompts_per_iteration * g.num_iterations, random.Random(seed))
-    texts = llm.format_prompts(tokenizer, task, [p for p, _ in pairs], g.few_shot, g.system_prompt)
+    prompt_format = sampling.PromptFormat(tokenizer, task, g.few_shot, g.system_prompt, model=model)
+    texts = prompt_format.texts([p for p, _ in pairs])
     if tokenizer(texts[0])["input_ids"] != tokenizer(texts[0], add_special_tokens=False)["input_ids"]:
         raise SystemExit("error: this tokenizer adds special tokens to a text prompt (TRL would read another prompt)")
-    if llm.answer_stop(tokenizer, task, g.few_shot) is not None:
+    if prompt_format.stop is not None:
         raise SystemExit("error: a base model with --few-shot ends its answer at a stop string, "
                          "which TRL does not have: use a chat model, or --few-shot 0")
     dataset = Dataset.from_dict({"prompt": texts, "target": [t for _, t in pairs]})
@@ -351,8 +352,8 @@ def trl_worker(seed: int, num_iterations: int, hook: bool, flags: list[str]) -> 
         """grpo.py's held-out evaluation and its per-iteration log, at iteration boundaries (every 4 steps)."""
 
         def evaluate(self, model, iteration):
-            sampled, greedy = grpo.evaluate(model, tokenizer, task, eval_prompts, g, device,
-                                            torch.autocast("cpu", enabled=False))
+            forward = grpo.Forward(torch.autocast("cpu", enabled=False), share_prompt=True)
+            sampled, greedy = grpo.evaluate(model, prompt_format, task, eval_prompts, g, device, forward)
             accuracy, greedy_accuracy = sampled.mean().item(), greedy.mean().item()
             model.train()  # evaluate() leaves eval mode; the trainer trains in train mode
             writer.add_scalar("charts/accuracy", accuracy, iteration)

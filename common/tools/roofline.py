@@ -157,18 +157,18 @@ def main(argv=None) -> None:
     import torch
 
     import grpo
-    from common import llm
+    from common import policy, processes, sampling
     from common.tasks import get_task
 
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
     peak = matmul_peak(torch)
-    tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
+    tokenizer, model = policy.load_policy(args.model, cpu)
     task = get_task(args.task)
     questions = [p for p, _ in task.prompts(args.prompts, random.Random(args.seed))]
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5,
                                  fused=args.adam == "fused", foreach=False)
-    no_autocast = torch.autocast("cpu", enabled=False)
+    forward = grpo.Forward(torch.autocast("cpu", enabled=False), share_prompt=True)
     print(f"{os.path.basename(os.path.normpath(args.model))}, grpo.py of {root}: {args.prompts} prompts × "
           f"{args.group_size} responses of up to {args.max_new_tokens} tokens, passes of {args.micro_batch_size}, "
           f"Adam {args.adam}, {args.threads} thread(s), median of {args.repeats}; "
@@ -184,26 +184,27 @@ def main(argv=None) -> None:
         # ±1 within each group: every group has signal, so every pass runs whatever the rewards
         advantages = torch.tensor([1.0, -1.0]).repeat(args.prompts * args.group_size // 2)
         torch.manual_seed(args.seed)
-        epochs = [llm.draw_minibatches(advantages, args.group_size, args.num_minibatches, args.micro_batch_size,
-                                       True)]
+        epochs = [processes.draw_minibatches(advantages, args.group_size, num_minibatches=args.num_minibatches,
+                                             micro_batch_size=args.micro_batch_size, skip_no_signal=True)]
         model.eval()
-        samples = grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+        prompt_format = sampling.PromptFormat(tokenizer, task, few_shot, model=model)
+        samples = grpo.sample(model, prompt_format, questions, g, cpu, num_samples=args.group_size)
         weights = {name: p.detach().clone() for name, p in model.named_parameters()}
 
         def generate():
             torch.manual_seed(args.seed)
             model.eval()
-            grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+            grpo.sample(model, prompt_format, questions, g, cpu, num_samples=args.group_size)
 
         def score():
-            return grpo.score_responses(model, None, samples, epochs[0], g, no_autocast)[0]
+            return grpo.score_responses(model, None, samples, epochs[0], g, forward)[0]
 
         old_logprobs = score()
         rollout = grpo.Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask, advantages,
                                old_logprobs, None)
 
         def update():
-            grpo.update_policy(model, optimizer, rollout, epochs, g, no_autocast)
+            grpo.update_policy(model, optimizer, rollout, epochs, g, forward)
 
         @torch.no_grad()
         def restore():  # the same weights for every run: each update starts where the first did

@@ -6,7 +6,7 @@ passes), |log π_sampler − log π_θold| per response token, its mean and its 
     python -m common.tools.sampler_gap --model common/models/tiny_model --task addition --few-shot 0
 
 For each seed: --prompts questions of --task, --group-size responses each (grpo.py's sample()), then scoring in the
-update's passes of --micro-batch-size responses (score_responses), then llm.sampler_gap, what a run logs as
+update's passes of --micro-batch-size responses (score_responses), then runs.sampler_gap, what a run logs as
 charts/sampler_gap_mean and _max. The same weights both ways: the gap is the arithmetic's, not the policy's.
 """
 
@@ -47,16 +47,17 @@ def main(argv=None) -> None:
     import torch
 
     import grpo
-    from common import llm
+    from common import policy, processes, runs, sampling
     from common.tasks import get_task
 
     cpu = torch.device("cpu")
-    tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
+    tokenizer, model = policy.load_policy(args.model, cpu)
     task = get_task(args.task)
     g = grpo.Args(model=args.model, task=args.task, few_shot=args.few_shot, group_size=args.group_size,
                   max_new_tokens=args.max_new_tokens, micro_batch_size=args.micro_batch_size, beta=0.0)
+    prompt_format = sampling.PromptFormat(tokenizer, task, args.few_shot, model=model)
     n = args.prompts * args.group_size
-    first_epoch = [llm.Minibatch(torch.arange(n), list(torch.arange(n).split(args.micro_batch_size)))]
+    first_epoch = [processes.Minibatch(torch.arange(n), list(torch.arange(n).split(args.micro_batch_size)))]
     print("| seed | arithmetic | mean gap | largest gap |")
     print("|---|---|---|---|")
     for seed in args.seeds:
@@ -66,9 +67,10 @@ def main(argv=None) -> None:
             torch.manual_seed(seed)
             model.eval()
             with autocast:
-                samples = grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
-            old_logprobs, _ = grpo.score_responses(model, None, samples, first_epoch, g, autocast)
-            gap = llm.sampler_gap(samples.logprobs, old_logprobs, samples.mask, first_epoch)
+                samples = grpo.sample(model, prompt_format, questions, g, cpu, num_samples=args.group_size)
+            forward = grpo.Forward(autocast, share_prompt=True)
+            old_logprobs, _ = grpo.score_responses(model, None, samples, first_epoch, g, forward)
+            gap = runs.sampler_gap(samples.logprobs, old_logprobs, samples.mask, first_epoch)
             print(f"| {seed} | {name} | {gap['charts/sampler_gap_mean']:.2e} | {gap['charts/sampler_gap_max']:.2e} |",
                   flush=True)
 

@@ -8,8 +8,9 @@ initialised model of a real configuration.
         --variants full lora full+bf16-logits --prompts 32 --max-new-tokens 256 --micro-batch-size 32   # on a GPU box
 
 The plan prints, for SmolLM2-135M and a GPT-2-124M shape on a CPU and the README's GPU models on an 80 GB card, the
-responses per forward/backward pass that the defaults choose (common/llm.py: response_bytes, pass_budget, pass_size;
-the same functions a run calls) and the memory that is estimated to need: the training state and one pass. Then,
+responses per forward/backward pass that the defaults choose (common/policy.py: response_bytes, state_bytes,
+pass_budget, pass_size; the same functions a run calls) and the memory that is estimated to need: the training
+state and one pass. Then,
 for each README GPU model, which of DDP, DDP + LoRA and FSDP (--fsdp) fits on 1, 4 and 8 cards, with the state each
 process holds (fit_state_bytes says how it is counted).
 
@@ -70,15 +71,17 @@ CONFIGS = {
                                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                                    max_position_embeddings=8192, tie_word_embeddings=True)),
 }
-# The plan's rows: (config, where, processes, LoRA rank, beta, prompt tokens). The CPU rows are the no-flag command of a
-# real model (common/llm.py's CPU recipe; SmolLM2's 3-shot chat prompt is 158 tokens, GPT-2's 3-shot text ~60) with
-# every response at the cap, the worst case; the GPU rows are the README's examples, with a chat prompt of ~64 tokens.
+# The plan's rows: (config, where, processes, what is trained, beta, prompt tokens). The CPU rows are the no-flag
+# command of a real model (common/policy.py's CPU recipe; SmolLM2's 3-shot chat prompt is 158 tokens, GPT-2's
+# 3-shot text ~60) with every response at the cap, the worst case; the GPU rows are the README's examples, with a
+# chat prompt of ~64 tokens.
 PLAN = [
-    ("smollm2-135m", "cpu", 1, 0, 0.04, 158),
-    ("gpt2-124m", "cpu", 1, 0, 0.04, 60),
-    ("qwen2.5-0.5b", "80 GB GPU", 1, 0, 0.04, 64),
-    ("qwen2.5-3b", "80 GB GPU", 4, 0, 0.0, 64),
-    ("qwen2.5-7b", "80 GB GPU", 1, 16, 0.0, 64),
+    ("smollm2-135m", "cpu", 1, "all", 0.04, 158),
+    ("gpt2-124m", "cpu", 1, "all", 0.04, 60),
+    ("qwen2.5-0.5b", "80 GB GPU", 1, "all", 0.04, 64),
+    ("qwen2.5-3b", "80 GB GPU", 4, "all", 0.0, 64),
+    ("qwen2.5-7b", "80 GB GPU", 1, "LoRA r16", 0.0, 64),
+    ("qwen2.5-7b", "80 GB GPU", 8, "FSDP", 0.0, 64),
 ]
 GPU_MEMORY = 80 * 10**9
 VARIANTS = {
@@ -119,31 +122,32 @@ def plan() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common import llm
+    from common import policy
 
     print("| model | where | processes | trained | state per process | per response | budget | pass size | "
           "estimated peak |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, where, processes, lora_rank, beta, prompt_tokens in PLAN:
+    for name, where, processes, trained_kind, beta, prompt_tokens in PLAN:
         model_type, fields = CONFIGS[name]
         config = AutoConfig.for_model(model_type, **fields)
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
         gpu = where != "cpu"
-        real = {key: values[1 if gpu else 2] for key, values in llm.SCALE_DEFAULTS.items()}
+        real = {key: values[1 if gpu else 2] for key, values in policy.SCALE_DEFAULTS.items()}
         parameters = sum(p.numel() for p in model.parameters())
         frozen_bytes = 2 if gpu else 4  # a GPU stores frozen weights (LoRA's base, the reference) in bfloat16
-        if lora_rank:  # r (in + out) trained values per linear layer of attention and MLP; the base frozen
-            trained = sum(lora_rank * (m.in_features + m.out_features) for n, m in model.named_modules()
+        reference = parameters * frozen_bytes if beta > 0 else 0
+        if trained_kind.startswith("LoRA"):  # r (in + out) trained values per linear layer of attention and MLP
+            trained = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                           if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-            state = trained * (16 + 4 * (processes > 1)) + parameters * frozen_bytes
-        else:
-            state = parameters * (16 + 4 * (processes > 1)) + (parameters * frozen_bytes if beta > 0 else 0)
-        per_response = llm.response_bytes(real["max_new_tokens"], prompt_tokens, 8, config, 2 if gpu else 4)
-        budget = llm.pass_budget(GPU_MEMORY if gpu else None, state)
+            state = policy.state_bytes(parameters + trained, trained, parameters * frozen_bytes, processes, False)
+        else:  # every weight trained, in a whole copy per process (DDP) or sharded (FSDP)
+            state = policy.state_bytes(parameters, parameters, 0, processes, trained_kind == "FSDP", reference)
+        per_response = policy.response_bytes(real["max_new_tokens"], prompt_tokens, 8, config, 2 if gpu else 4)
+        budget = policy.pass_budget(GPU_MEMORY if gpu else None, state)
         minibatch = real["prompts_per_iteration"] // processes // 4 * 8
-        size = llm.pass_size(minibatch, 8, per_response, budget)
-        print(f"| {name} | {where} | {processes} | {'LoRA r' + str(lora_rank) if lora_rank else 'all'} | "
+        size = policy.pass_size(minibatch, 8, per_response, budget)
+        print(f"| {name} | {where} | {processes} | {trained_kind} | "
               f"{state / 2**30:.1f} GiB | {per_response / 2**20:,.0f} MB ({real['max_new_tokens']} + {prompt_tokens}/8 "
               f"tokens) | {budget / 2**30:.1f} GiB | {size} of {minibatch} | "
               f"{(state + size * per_response) / 2**30:.1f} GiB |")
@@ -155,26 +159,27 @@ FIT_CARDS = [1, 4, 8]
 
 
 def fit_state_bytes(strategy: str, parameters: int, adapters: int, cards: int) -> float:
-    """What each process holds before any pass, β = 0. DDP: float32 weights, gradients and Adam's two moments (16
-    bytes a parameter), and DDP's gradient buckets (4) on more than one card. DDP + LoRA: the base in bfloat16 (2),
-    the adapters' 16 (+ 4). FSDP: a 1/N shard of the 16 bytes, and the whole float32 weights (4) gathered for
-    sampling, which runs on unsharded weights."""
-    buckets = 4 if cards > 1 else 0
+    """What each process holds before any pass, β = 0, by the rule a run sizes its passes with (common/policy.py:
+    state_bytes). DDP: 16 bytes a parameter (+ 4 for DDP's buckets on several cards); DDP + LoRA: the base in
+    bfloat16 (2), the adapters' 16 (+ 4); FSDP: a 1/N shard of the 16, and the whole float32 weights (4) gathered
+    for sampling."""
+    from common import policy
+
     if strategy == "DDP":
-        return parameters * (16 + buckets)
+        return policy.state_bytes(parameters, parameters, 0, cards, fsdp=False)
     if strategy == "DDP + LoRA r16":
-        return parameters * 2 + adapters * (16 + buckets)
-    return parameters * 16 / cards + parameters * 4
+        return policy.state_bytes(parameters + adapters, adapters, parameters * 2, cards, fsdp=False)
+    return policy.state_bytes(parameters, parameters, 0, cards, fsdp=True)
 
 
 def fit() -> None:
     """Which of DDP, DDP + LoRA and FSDP fits each README GPU model on 1, 4 and 8 cards of 80 GB: the state per
-    process, and whether what 90 % of a card leaves holds a pass of at least one response (common/llm.py's rule:
+    process, and whether what 90 % of a card leaves holds a pass of at least one response (common/policy.py's rule:
     half of it for the pass) of 256 tokens after a 64-token prompt."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common import llm
+    from common import policy
 
     print("\nState per process, and whether a pass of one response fits (✓) on cards of 80 GB; β = 0 (β > 0 adds a "
           "bfloat16 reference copy, 2 bytes a parameter, except with LoRA):\n")
@@ -190,7 +195,7 @@ def fit() -> None:
         parameters = sum(p.numel() for p in model.parameters())
         adapters = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-        per_response = llm.response_bytes(256, 64, 8, config, 2)
+        per_response = policy.response_bytes(256, 64, 8, config, 2)
         cells = []
         for strategy in ("DDP", "DDP + LoRA r16", "FSDP"):
             for cards in FIT_CARDS:
@@ -198,7 +203,7 @@ def fit() -> None:
                     cells.append("(shards over 2+)")
                     continue
                 state = fit_state_bytes(strategy, parameters, adapters, cards)
-                fits = llm.pass_budget(GPU_MEMORY, state) >= per_response
+                fits = policy.pass_budget(GPU_MEMORY, state) >= per_response
                 cells.append(f"{state / 2**30:.0f} GiB {'✓' if fits else '✗'}")
         print(f"| {name} | {parameters / 1e9:.2f}B | " + " | ".join(cells) + " |")
 

@@ -55,12 +55,12 @@ def main(argv=None) -> None:
     import torch
 
     import grpo
-    from common import llm
+    from common import policy, sampling
     from common.tasks import get_task
 
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
-    tokenizer, model = llm.load_policy(args.model, llm.resolve_model_path(args.model), cpu)
+    tokenizer, model = policy.load_policy(args.model, cpu)
     task = get_task(args.task)
     questions = [p for p, _ in task.prompts(args.prompts, random.Random(0))]
     print(f"{os.path.basename(os.path.normpath(args.model))}: {args.prompts} prompts × {args.group_size} responses "
@@ -73,7 +73,8 @@ def main(argv=None) -> None:
                       max_new_tokens=args.max_new_tokens, temperature=1.0)
         torch.manual_seed(0)
         model.eval()
-        samples = grpo.sample(model, tokenizer, task, questions, g, cpu, num_samples=args.group_size)
+        prompt_format = sampling.PromptFormat(tokenizer, task, few_shot, model=model)
+        samples = grpo.sample(model, prompt_format, questions, g, cpu, num_samples=args.group_size)
         index = torch.arange(len(samples.responses)) // args.group_size
         inputs = (samples.prompt_ids, samples.prompt_mask, index, samples.responses, 1.0)
         mask = samples.mask.bool()

@@ -1,5 +1,6 @@
-"""common/llm.py: the defaults that depend on the model's scale, the statistics every group file logs, and the
-per-iteration log (schedule of evaluations, one console line per iteration)."""
+"""The runtime of common/ (policy.py, sampling.py, processes.py, runs.py): the defaults that depend on the model and
+the machine, the memory a pass may take, the prompt format's default, the statistics every group file logs, and the
+draw of a token (grpo.py's sample_token, the same in every group file)."""
 import os
 import re
 import sys
@@ -10,14 +11,14 @@ import tyro
 
 import dapo
 import grpo
-from common import llm, runs
+from common import policy, processes, runs, sampling
 from conftest import ROOT
 
 
 def resolved(module, **fields):
-    """Args as the main block sees them after `defaults = resolve_defaults(args)`, with the lines it prints."""
+    """Args as the main block sees them after `defaults = resolve_defaults(args, beta=BETA)`, with its lines."""
     args = module.Args(**fields)
-    return args, llm.resolve_defaults(args)
+    return args, policy.resolve_defaults(args, beta=module.BETA)
 
 
 def test_embedded_models_keep_the_values_they_were_tuned_with(monkeypatch):
@@ -28,7 +29,7 @@ def test_embedded_models_keep_the_values_they_were_tuned_with(monkeypatch):
             assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
                     args.eval_every, args.eval_size, args.few_shot) == ("addition", 32, 150, 3e-4, 8, 10, 200, 0)
             assert "--few-shot 0  (the embedded models)" in lines
-    assert llm.is_embedded(llm.resolve_model_path("common/models/tiny_model"))  # also as the absolute path
+    assert policy.is_embedded(policy.resolve_model_path("common/models/tiny_model"))  # also as the absolute path
 
 
 def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins(monkeypatch):
@@ -36,7 +37,7 @@ def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins
     args, lines = resolved(grpo, model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
             args.eval_every, args.eval_size) == ("addition", 32, 150, 1e-6, 256, 10, 100)
-    assert args.few_shot is None  # decided by the model's kind once it is loaded: llm.num_examples
+    assert args.few_shot is None  # decided by the model's kind once it is loaded: sampling.PromptFormat
     assert args.beta == 0.04 and resolved(dapo, model="gpt2")[0].beta == 0.0  # the method's own β on a GPU
     assert "--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig and DeepSeekMath's GRPO)" in lines
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 1e-5  # LoRA: ~10x full fine-tuning's rate
@@ -53,9 +54,13 @@ def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypat
     args, lines = resolved(grpo, model="gpt2")
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
             args.eval_every, args.eval_size, args.few_shot, args.beta) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 3, 0.0)
-    assert len(lines) == 9 and all(line.endswith(f"({llm.CPU_RECIPE})") for line in lines)
+    assert len(lines) == 9 and all(line.endswith(f"({policy.CPU_RECIPE})") for line in lines)
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 2e-4  # measured with LoRA r16
     assert resolved(grpo, model="gpt2", few_shot=0)[0].few_shot == 0  # typed: wins
+    # the recipe's examples were measured on this repository's tasks: a file of the user's keeps the rule of its
+    # model's kind (a chat model: none; a base model: the task's own count), decided once the model is loaded
+    mine, lines = resolved(grpo, model="gpt2", task=os.path.join(ROOT, "common", "data", "example.jsonl"))
+    assert mine.few_shot is None and not any(line.startswith("--few-shot") for line in lines)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolved(grpo, model="gpt2", cuda=False)[0].max_new_tokens == 16  # --no-cuda: the CPU's
     assert resolved(grpo, model="gpt2")[0].max_new_tokens == 256
@@ -64,7 +69,7 @@ def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypat
 def test_the_command_line_resolves_the_same_way(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args = tyro.cli(grpo.Args, args=["--model", "gpt2", "--max-new-tokens", "64"])
-    lines = llm.resolve_defaults(args)
+    lines = policy.resolve_defaults(args, beta=grpo.BETA)
     assert (args.learning_rate, args.max_new_tokens) == (1e-6, 64)
     assert any(line.startswith("--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig") for line in lines)
     grpo.check_args(args)  # resolved values pass the checks
@@ -82,8 +87,8 @@ class Config:
 
 def test_a_response_costs_its_logits_and_activations_by_hand():
     # 16 response tokens × vocabulary 1,000 × 4 bytes × 6 copies; (16 + 40 / 8) tokens × 2 layers × width 10 × 20 × 4
-    assert llm.response_bytes(16, 40, 8, Config(1000, 2, 10), 4) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 4
-    assert llm.response_bytes(16, 40, 8, Config(1000, 2, 10), 2) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 2
+    assert policy.response_bytes(16, 40, 8, Config(1000, 2, 10), 4) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 4
+    assert policy.response_bytes(16, 40, 8, Config(1000, 2, 10), 2) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 2
 
 
 @pytest.mark.parametrize("minibatch, group_size, per_response, budget, expected", [
@@ -97,22 +102,23 @@ def test_a_response_costs_its_logits_and_activations_by_hand():
 ])
 def test_the_pass_size_is_the_most_that_divides_the_minibatch_and_fits(minibatch, group_size, per_response, budget,
                                                                         expected):
-    assert llm.pass_size(minibatch, group_size, per_response, budget) == expected
+    assert policy.pass_size(minibatch, group_size, per_response, budget) == expected
 
 
 def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
     """SmolLM2's shape, the CPU recipe's minibatch (2 groups of 8 responses of 16 tokens after 158 prompt tokens)
     fits whole; a GPT-2-124M shape with 256 tokens does not, and its passes are cut to fit."""
-    cpu = torch.device("cpu")
     args, _ = resolved(grpo, model="gpt2", cuda=False)
-    smollm2 = type("Model", (), {"config": Config(49152, 30, 576)})()
-    line = llm.resolve_pass_size(args, smollm2, None, 158, cpu, world_size=1)
-    assert args.micro_batch_size == 16 and line[0].startswith("--micro-batch-size 16  (responses per pass: the most")
+    smollm2 = type("Model", (), {"config": Config(49152, 30, 576), "parameters": lambda self: iter([torch.zeros(1)])})()
+    size, line = policy.responses_per_pass(args, smollm2, None, 158)
+    assert size == 16 and line[0].startswith("--micro-batch-size 16  (responses per pass: the most")
+    assert args.micro_batch_size is None  # the flag stays as typed: the run's start-up holds the size
     args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
-    gpt2 = type("Model", (), {"config": Config(50257, 12, 768)})()
-    llm.resolve_pass_size(args, gpt2, None, 60, cpu, world_size=1)
-    per_response = llm.response_bytes(256, 60, 8, gpt2.config, 4)
-    assert args.micro_batch_size * per_response <= llm.CPU_PASS_BUDGET < 2 * args.micro_batch_size * per_response
+    gpt2 = type("Model", (), {"config": Config(50257, 12, 768), "parameters": lambda self: iter([torch.zeros(1)])})()
+    size, _ = policy.responses_per_pass(args, gpt2, None, 60)
+    per_response = policy.response_bytes(256, 60, 8, gpt2.config, 4)
+    assert size * per_response <= policy.CPU_PASS_BUDGET < 2 * size * per_response
+    assert policy.responses_per_pass(grpo.Args(micro_batch_size=4), gpt2, None, 60) == (4, [])  # typed: as typed
 
 
 def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():
@@ -121,19 +127,30 @@ def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_mod
     class Tokenizer:
         chat_template = None
 
+        eos_token_id, pad_token_id = 0, 0
+
     task = get_task("addition2")
-    assert llm.few_shot_line(Tokenizer(), task, None) == [
+    assert sampling.PromptFormat(Tokenizer(), task).default_line() == [
         f"--few-shot {task.default_few_shot}  (a base model: the task's solved examples show the format)"]
     Tokenizer.chat_template = "{{ messages }}"
-    assert llm.few_shot_line(Tokenizer(), task, None) == [
+    assert sampling.PromptFormat(Tokenizer(), task).default_line() == [
         "--few-shot 0  (a chat model: its user turn states the format)"]
-    assert llm.few_shot_line(Tokenizer(), task, 3) == []  # typed: nothing to state
+    assert sampling.PromptFormat(Tokenizer(), task, 3).default_line() == []  # typed: nothing to state
 
 
 def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():
     args, _ = resolved(grpo, model="gpt2", task="no-such-task")  # resolving the defaults must not raise
     with pytest.raises(SystemExit, match="error: .*no-such-task"):
         grpo.check_args(args)
+
+
+def samples_of(mask, truncated, entropies, group_size):
+    """What rollout_stats reads of a Samples: B = N / G prompts, each response's mask, cut flag and entropies."""
+    import types
+
+    responses = torch.zeros(mask.shape, dtype=torch.long)
+    return types.SimpleNamespace(prompt_ids=torch.zeros(len(mask) // group_size, 1), responses=responses, mask=mask,
+                                 truncated=truncated, entropies=entropies)
 
 
 def test_rollout_stats_by_hand():
@@ -145,7 +162,8 @@ def test_rollout_stats_by_hand():
     truncated = torch.tensor([False, True, False, False, False, False])
     entropies = torch.full((6, 5), 7.0)
     entropies[mask.bool()] = 0.5  # padding carries junk the statistic must not see
-    stats = llm.rollout_stats(rewards, rewards, advantages, mask, truncated, entropies, group_size=2)
+    samples = samples_of(mask, truncated, entropies, group_size=2)
+    stats = runs.rollout_stats(samples, rewards, advantages, accuracies=rewards)
     assert stats["charts/reward"] == pytest.approx(3 / 6)
     assert stats["charts/train_accuracy"] == pytest.approx(3 / 6)
     assert stats["charts/response_length"] == pytest.approx(16 / 6)
@@ -157,7 +175,7 @@ def test_rollout_stats_by_hand():
     # DAPO: its own reward is logged, rightness from the task's accuracy, and signal from the advantages
     shaped = 2 * rewards - 1 - torch.tensor([0.0, 0.5, 0.2, 0.0, 0.1, 0.0])
     dapo_advantages = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.3, -0.3])  # the last group's lengths differ
-    dapo_stats = llm.rollout_stats(shaped, rewards, dapo_advantages, mask, truncated, entropies, group_size=2)
+    dapo_stats = runs.rollout_stats(samples, shaped, dapo_advantages, accuracies=rewards)
     assert dapo_stats["charts/zero_signal_fraction"] == pytest.approx(1 / 3)
     assert dapo_stats["charts/train_accuracy"] == pytest.approx(3 / 6)
     assert dapo_stats["charts/right_response_length"] == pytest.approx(3.0)
@@ -169,22 +187,23 @@ def test_lengths_of_right_and_wrong_responses_with_one_or_none_of_a_kind():
     mask = (torch.arange(5).unsqueeze(0) < lengths.unsqueeze(1)).float()
     zeros, entropies = torch.zeros(3), torch.zeros(3, 5)
     one_right = torch.tensor([1.0, 0.0, 0.0])
-    stats = llm.rollout_stats(one_right, one_right, zeros, mask, zeros.bool(), entropies, group_size=3)
+    samples = samples_of(mask, zeros.bool(), entropies, group_size=3)
+    stats = runs.rollout_stats(samples, one_right, zeros, accuracies=one_right)
     assert (stats["charts/right_response_length"], stats["charts/wrong_response_length"]) == (3.0, 3.0)
     one_wrong = 1 - one_right
-    stats = llm.rollout_stats(one_wrong, one_wrong, zeros, mask, zeros.bool(), entropies, group_size=3)
+    stats = runs.rollout_stats(samples, one_wrong, zeros, accuracies=one_wrong)
     assert (stats["charts/right_response_length"], stats["charts/wrong_response_length"]) == (3.0, 3.0)
     for accuracies, empty in ((zeros, "charts/right_response_length"), (torch.ones(3), "charts/wrong_response_length")):
-        stats = llm.rollout_stats(accuracies, accuracies, zeros, mask, zeros.bool(), entropies, group_size=3)
+        stats = runs.rollout_stats(samples, accuracies, zeros, accuracies=accuracies)
         assert stats[empty] == 0.0  # none of that kind: 0, not NaN
     for tokens, expected in ((1, 0.7), (0, 0.0)):  # the entropy of a single token; of none: 0, not NaN
         one_token = (torch.arange(5).unsqueeze(0) < torch.tensor([[tokens], [0], [0]])).float()
-        stats = llm.rollout_stats(zeros, zeros, zeros, one_token, zeros.bool(), entropies + 0.7, group_size=3)
+        stats = runs.rollout_stats(samples_of(one_token, zeros.bool(), entropies + 0.7, 3), zeros, zeros, zeros)
         assert stats["losses/entropy"] == pytest.approx(expected)
 
 
 def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_token_of_probability_zero():
-    """llm.draw against the distribution it draws from and against torch.multinomial (the reference draw):
+    """sample_token against the distribution it draws from and against torch.multinomial (the reference draw):
     200,000 draws of each of four rows, every token's frequency within 5 standard deviations of its probability,
     tokens of probability 0 (logit −inf) never drawn, at the first and the last place of the vocabulary too."""
     inf = float("inf")
@@ -196,21 +215,21 @@ def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_tok
     n = 200_000
     generator = torch.Generator().manual_seed(0)
     rows = logits.repeat_interleave(n, dim=0)
-    ours = llm.draw(rows, torch.zeros(len(rows), dtype=torch.bool), generator)[0].view(4, n)
+    ours = grpo.sample_token(rows, torch.zeros(len(rows), dtype=torch.bool), generator)[0].view(4, n)
     reference = torch.multinomial(torch.softmax(rows, -1), 1, generator=generator).view(4, n)
     for draws in (ours, reference):
         frequency = torch.stack([torch.bincount(row, minlength=6) for row in draws]).double() / n
         assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt()).all()
         assert frequency[probs == 0].sum() == 0
-    assert llm.draw(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool))[0].tolist() == [0, 0, 0]  # one token
-    assert llm.draw(logits[3:], torch.zeros(1, dtype=torch.bool))[0].tolist() == [5]  # fewer rows than tokens
+    assert grpo.sample_token(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool))[0].tolist() == [0, 0, 0]  # 1 token
+    assert grpo.sample_token(logits[3:], torch.zeros(1, dtype=torch.bool))[0].tolist() == [5]  # fewer rows than tokens
 
 
 def test_a_uniform_number_rounded_up_to_the_total_draws_the_last_token(monkeypatch):
     """u = U · (the total probability), U < 1, can round up to the total (about one draw in 2^53): the first bound
     above u would then be one past the vocabulary. The draw takes the last token instead."""
     monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.ones(*shape, dtype=kwargs.get("dtype")))
-    assert llm.draw(torch.zeros(2, 5), torch.zeros(2, dtype=torch.bool))[0].tolist() == [4, 4]
+    assert grpo.sample_token(torch.zeros(2, 5), torch.zeros(2, dtype=torch.bool))[0].tolist() == [4, 4]
 
 
 def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_one_token():
@@ -219,16 +238,16 @@ def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_
                         [5, 6, 7, 9, 9, 9],
                         [pad, 5, 6, 7, 8, 1]])
     mask = (ids != pad).long()
-    assert llm.shared_head(ids, mask) == 3  # 5 6 7
-    assert llm.shared_head(ids[1:], mask[1:]) == 3
-    assert llm.shared_head(ids[:1], mask[:1]) == 3  # one prompt: all of it but its last token
-    assert llm.shared_head(ids[[0, 0]], mask[[0, 0]]) == 3  # equal prompts, the same
+    assert sampling.shared_head(ids, mask) == 3  # 5 6 7
+    assert sampling.shared_head(ids[1:], mask[1:]) == 3
+    assert sampling.shared_head(ids[:1], mask[:1]) == 3  # one prompt: all of it but its last token
+    assert sampling.shared_head(ids[[0, 0]], mask[[0, 0]]) == 3  # equal prompts, the same
     other = torch.tensor([[pad, pad, 4, 6, 7, 8]])
-    assert llm.shared_head(torch.cat([ids, other]), torch.cat([mask, (other != pad).long()])) == 0
+    assert sampling.shared_head(torch.cat([ids, other]), torch.cat([mask, (other != pad).long()])) == 0
     two = torch.tensor([[pad, pad, pad, pad, 5, 1]])  # the shortest prompt has 2 tokens: a head of 1 at most
-    assert llm.shared_head(torch.cat([ids, two]), torch.cat([mask, (two != pad).long()])) == 1
+    assert sampling.shared_head(torch.cat([ids, two]), torch.cat([mask, (two != pad).long()])) == 1
     one = torch.tensor([[pad, pad, pad, pad, pad, 5]])
-    assert llm.shared_head(torch.cat([ids, one]), torch.cat([mask, (one != pad).long()])) == 0  # a one-token prompt
+    assert sampling.shared_head(torch.cat([ids, one]), torch.cat([mask, (one != pad).long()])) == 0  # a 1-token prompt
 
 
 def test_the_sampler_gap_by_hand_over_the_tokens_scored():
@@ -237,13 +256,15 @@ def test_the_sampler_gap_by_hand_over_the_tokens_scored():
     sampler = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0], [-5.0, -5.0, -5.0]])
     old = torch.tensor([[-1.5, -2.0, -9.0], [-1.0, -0.75, 0.0], [0.0, 0.0, 0.0]])  # row 2 unscored
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])  # row 0's last token is padding
-    first_epoch = [llm.Minibatch(torch.tensor([0, 2]), [torch.tensor([0])]),
-                   llm.Minibatch(torch.tensor([1]), [torch.tensor([1])])]
-    gap = llm.sampler_gap(sampler, old, mask, first_epoch)
+    first_epoch = [processes.Minibatch(torch.tensor([0, 2]), [torch.tensor([0])]),
+                   processes.Minibatch(torch.tensor([1]), [torch.tensor([1])])]
+    gap = runs.sampler_gap(sampler, old, mask, first_epoch)
     assert gap["charts/sampler_gap_mean"] == pytest.approx((0.5 + 0 + 0 + 0.25 + 1.0) / 5)
     assert gap["charts/sampler_gap_max"] == pytest.approx(1.0)
-    empty = torch.zeros(0, 3)  # a process without a response (nothing to compare): 0, not an error
-    assert llm.sampler_gap(empty, empty, empty, []) == {"charts/sampler_gap_mean": 0.0, "charts/sampler_gap_max": 0.0}
+    empty = torch.zeros(0, 3)  # a process without a response (nothing to compare): no figure, not an error
+    assert runs.sampler_gap(empty, empty, empty, []) == {}
+    nothing_scored = [processes.Minibatch(torch.tensor([0, 1, 2]), [])]  # no pass ran (β = 0, no signal)
+    assert runs.sampler_gap(sampler, old, mask, nothing_scored) == {}  # not a gap of 0: that would read as agreement
 
 
 def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
@@ -252,7 +273,7 @@ def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
     p = torch.softmax(logits, dim=-1)
     expected = -(p * p.log()).nan_to_num().sum(-1)  # −Σ π log π, written out (0 log 0 = 0)
     greedy = torch.tensor([False, True, False, True, False])
-    token, logprob, entropy = llm.draw(logits, greedy, torch.Generator().manual_seed(0))
+    token, logprob, entropy = grpo.sample_token(logits, greedy, torch.Generator().manual_seed(0))
     assert torch.allclose(entropy, expected, atol=1e-6)
     assert entropy[0].item() == pytest.approx(float(torch.log(torch.tensor(4.0))))  # uniform: log |V|
     assert token[1] == 3 and token[3] == 1  # greedy rows: the most likely token
@@ -261,14 +282,14 @@ def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
 
 
 def test_a_fraction_of_the_whole_batch_in_one_process():
-    assert llm.global_fraction(1.0, 4.0) == 0.25
-    assert llm.global_fraction(1.0, 1.0) == 1.0  # a single token counts
-    assert llm.global_fraction(0.0, 0.0) == 0.0  # nothing to count (no token with signal): 0, not NaN
+    assert processes.global_fraction(1.0, 4.0) == 0.25
+    assert processes.global_fraction(1.0, 1.0) == 1.0  # a single token counts
+    assert processes.global_fraction(0.0, 0.0) == 0.0  # nothing to count (no token with signal): 0, not NaN
 
 
 def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
     with pytest.raises(SystemExit, match="error: --model .*no such .gguf file"):
-        llm.resolve_model_path(str(tmp_path / "model.gguf"))
+        policy.resolve_model_path(str(tmp_path / "model.gguf"))
 
 
 def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
@@ -279,14 +300,14 @@ def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
 
     tiny = os.path.join(ROOT, "common", "models", "tiny_model")
     shutil.copytree(tiny, tmp_path / "my_copy")
-    assert llm.is_embedded(str(tmp_path / "my_copy")) and llm.is_embedded("common/models/long_model")
-    assert not llm.is_embedded("gpt2") and not llm.is_embedded(str(tmp_path))
+    assert policy.is_embedded(str(tmp_path / "my_copy")) and policy.is_embedded("common/models/long_model")
+    assert not policy.is_embedded("gpt2") and not policy.is_embedded(str(tmp_path))
     flags = ["--num-iterations", "1", "--prompts-per-iteration", "2", "--num-minibatches", "1", "--eval-size", "4",
              "--save-model"]
     lora_run, _ = in_process("grpo", [*flags, "--lora-rank", "2"], subdir="lora")
     full_run, _ = in_process("grpo", flags, subdir="full")
     for run_dir in (lora_run, full_run):
-        assert llm.is_embedded(str(run_dir / "model"))
+        assert policy.is_embedded(str(run_dir / "model"))
         _, out = in_process("grpo", ["--model", str(run_dir / "model"), *flags[:-1]], subdir="again")
         assert "default --learning-rate 0.0003  (the embedded models)" in out and "iteration    1/1" in out
 

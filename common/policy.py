@@ -1,0 +1,471 @@
+"""The model and its flags: what every group file does to get a policy, and none of them is about.
+
+1. `ModelArgs`: the flags that are not the method (model, task, prompts, memory, evaluation);
+   `resolve_defaults` fills those left unset per model and machine; `refuse_bad_args` checks them.
+2. `load`: a hub id (cached; offline errors in one line), a local folder or a .gguf file, dropout
+   off, the output layer in float32, LoRA and gradient checkpointing as flagged; `save_model`.
+3. Memory: `responses_per_pass` sizes a forward/backward pass to a budget (results/memory.md);
+   `state_bytes` is what each process holds before any pass.
+
+The group files keep their method's own defaults (grpo.py's β, dapo.py's overlong buffer).
+"""
+
+import json
+import os
+import shutil
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from common.processes import is_sharded
+from common.tasks import TASKS, get_task
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---------------------------------------------------------------- the flags that are not the method
+
+@dataclass
+class ModelArgs:
+    """The flags of every group file that are not its method (each file's `Args` adds its own).
+    A field left at None is resolved per model and machine by `resolve_defaults`."""
+
+    # Model and task
+    model: str = "common/models/tiny_model"
+    """a Hugging Face causal LM: a hub id (gpt2), a folder, a .gguf file or a saved run's model"""
+    task: Optional[str] = None
+    """addition(2), subtraction, multiplication, countdown, reverse, a .jsonl or .py file; None: addition (addition2 for a real model on a CPU)"""  # noqa: E501
+    eval_task: Optional[str] = None
+    """a .jsonl file of held-out questions (a dataset's test file) instead of 10 % of --task's"""
+    few_shot: Optional[int] = None
+    """solved examples before each question; None: a base model the task's, a chat model 0 (3 on a CPU with this repo's tasks)"""  # noqa: E501
+    system_prompt: Optional[str] = None
+    """chat models: a system turn before each question (the user turn states the answer format)"""
+    # Memory: models that do not fit with full fine-tuning
+    lora_rank: int = 0
+    """LoRA rank r: train adapters on every linear layer of attention and MLP; 0 trains every weight"""
+    lora_alpha: float = 32.0
+    """LoRA scale α: the adapter's update is (α / r) B A"""
+    gradient_checkpointing: bool = False
+    """recompute activations in the backward pass: less memory, a second forward pass in the update"""
+    fsdp: bool = False
+    """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
+    # Evaluation and bookkeeping
+    eval_every: Optional[int] = None
+    """evaluate every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""
+    eval_size: Optional[int] = None
+    """held-out questions per evaluation; None: 200 embedded, 100 a real model (64 on a CPU)"""
+    eval_samples: int = 1
+    """responses sampled per held-out question; k > 1 also logs pass@1 and pass@k"""
+    seed: int = 1
+    """seed of random, numpy and torch; process k of torchrun uses seed + k"""
+    cuda: bool = True
+    """use the GPU when there is one (bfloat16 autocast, frozen weights in bfloat16)"""
+    float32_logits: bool = True
+    """the output layer in float32 under bfloat16 autocast, so that the first ratio is 1"""
+    save_model: bool = False
+    """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
+    save_every: int = 0
+    """write a checkpoint every this many iterations; 0: only when Ctrl-C or SIGTERM stops the run"""
+    resume: Optional[str] = None
+    """a run's folder to resume from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""
+    exp_name: Optional[str] = None
+    """a name of your own for the run, added to its folder's name after the method's"""
+
+
+def model_folder(model: str) -> Optional[str]:
+    """The folder a --model names: relative to the current folder, else to the repository
+    (the embedded models); None for a hub id or a .gguf file."""
+    for folder in (model, os.path.join(ROOT, model)):
+        if os.path.isdir(folder):
+            return os.path.abspath(folder)
+    return None
+
+
+def is_embedded(model: str) -> bool:
+    """True for the toy models of common/models/ and the models trained from them.
+
+    Their config.json says so (`embedded_toy_model`, which save_pretrained keeps), or a saved
+    adapter's base model's does: they keep the defaults they were tuned with, wherever they live.
+    """
+    folder = model_folder(model)
+    if folder is None:
+        return False
+    if os.path.exists(os.path.join(folder, "adapter_config.json")):
+        with open(os.path.join(folder, "adapter_config.json")) as f:
+            return is_embedded(json.load(f).get("base_model_name_or_path") or "")
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            return bool(json.load(f).get("embedded_toy_model", False))
+    except (OSError, ValueError):
+        return False
+
+
+# Defaults by scale: (the embedded toy models, a real LLM on a GPU, a real LLM on a CPU, the GPU's source).
+# The embedded models keep their tuned values (common/results/group.md). A GPU gets a practitioner's
+# values (no GPU has measured them here); a CPU the recipe measured to learn (common/results/smollm2.md).
+SCALE_DEFAULTS = {
+    "task": ("addition", "addition", "addition2", "1-3 digit sums"),
+    "prompts_per_iteration": (32, 32, 8, "256 responses an iteration, in 4 optimiser steps"),
+    "num_iterations": (150, 150, 24, "8,192 prompts"),
+    "max_new_tokens": (8, 256, 16, "TRL's GRPOConfig max_completion_length"),
+    "learning_rate": (3e-4, 1e-6, 1e-5, "TRL's GRPOConfig and DeepSeekMath's GRPO"),
+    "eval_every": (10, 10, 6, "an evaluation every 10 iterations"),
+    "eval_size": (200, 100, 64, "held-out prompts, sampled and greedy: 200 generations"),
+}
+LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
+CPU_FEW_SHOT = 3  # the CPU recipe's solved examples, for the tasks of this repository
+CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
+
+
+def on_gpu(args) -> bool:
+    return args.cuda and torch.cuda.is_available()
+
+
+def resolve_defaults(args, beta: float) -> list[str]:
+    """Fill the flags left at None that depend on the model and the machine; a typed flag wins.
+
+    `beta` is the method's own β (its file's BETA); a real model on a CPU runs no reference model,
+    as in the recipe measured there. Returns a console line per flag filled: its value and why.
+    A value out of range is left for check_args to refuse in one line.
+    """
+    embedded, gpu = is_embedded(args.model), on_gpu(args)
+    where = "the embedded models" if embedded else None if gpu else CPU_RECIPE
+    lines = []
+    for name, (toy, real_gpu, real_cpu, source) in SCALE_DEFAULTS.items():
+        if getattr(args, name) is not None:
+            continue
+        value = toy if embedded else real_gpu if gpu else real_cpu
+        if name == "learning_rate" and not embedded and args.lora_rank > 0:
+            value = LORA_LEARNING_RATE[0 if gpu else 1]
+        setattr(args, name, value)
+        lines.append(f"--{name.replace('_', '-')} {value}  ({where or f'a real model on a GPU: {source}'})")
+    if args.beta is None:  # the method's β; on a CPU a real model runs no reference model
+        args.beta = 0.0 if where == CPU_RECIPE else beta
+        why = CPU_RECIPE if where == CPU_RECIPE else "the method's"
+        lines.append(f"--beta {args.beta}  ({why})")
+    # the embedded models read bare questions; the CPU recipe's examples are for this repository's tasks
+    if args.few_shot is None and (embedded or (not gpu and args.task in TASKS)):
+        args.few_shot = 0 if embedded else CPU_FEW_SHOT
+        lines.append(f"--few-shot {args.few_shot}  ({where})")
+    return lines
+
+
+def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
+    """One clear line for a bad flag, before anything heavy is loaded: the shared, then the method's.
+
+    Each check is (it holds, what the flag must be); the line adds the value typed, ", got ...".
+    """
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    checks = [
+        (args.few_shot is None or args.few_shot >= 0, "--few-shot must be >= 0"),
+        *method_checks,
+        (args.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
+        (args.lora_alpha > 0, "--lora-alpha must be > 0"),
+        (args.eval_every >= 1, "--eval-every must be >= 1"),
+        (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
+        (args.eval_samples >= 1, "--eval-samples must be >= 1"),
+        (args.save_every >= 0, "--save-every must be >= 0 (0: only when stopped)"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            value = getattr(args, message.split()[0].removeprefix("--").replace("-", "_"))
+            raise SystemExit(f"error: {message}, got {value!r}" if isinstance(value, str) else
+                             f"error: {message}, got {value}")
+    if args.fsdp and processes == 1:
+        raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
+                         "--nproc_per_node N (N >= 2)")
+    if args.fsdp and args.lora_rank > 0:
+        raise SystemExit("error: --fsdp with --lora-rank: LoRA's trained state is already small; train the "
+                         "adapters with DDP (no --fsdp)")
+    try:
+        get_task(args.task, args.eval_task)  # names a malformed .jsonl line before the model loads
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
+
+
+# ---------------------------------------------------- the model: finding it, loading it, saving it
+
+def resolve_model_path(model: str) -> str:
+    """A folder or a .gguf file, or a hub id found in the local cache or on the hub.
+
+    Checked before anything heavy: without network, a hub id that is not cached gets one line
+    within seconds, not a minute of download retries.
+    """
+    if model.endswith(".gguf"):
+        path = model if os.path.isfile(model) else os.path.join(ROOT, model)
+        if not os.path.isfile(path):
+            raise SystemExit(f"error: --model {model!r}: no such .gguf file")
+        return path
+    folder = model_folder(model)
+    if folder is not None:
+        return folder
+    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
+        raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' or 'org/name')")
+    from huggingface_hub import model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    cached_config = try_to_load_from_cache(model, "config.json")
+    if isinstance(cached_config, str):
+        return os.path.dirname(cached_config)  # the cached snapshot: no network needed
+    download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
+        raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache "
+                         f"and HF_HUB_OFFLINE is set: {download}")
+    try:
+        model_info(model, timeout=10)
+    except RepositoryNotFoundError:
+        raise SystemExit(f"error: --model {model!r} is not a model on the Hugging Face hub "
+                         "(a typo? a private model needs `hf auth login`)")
+    except Exception as e:  # no network, DNS failure, time-out, proxy: whatever stops the download
+        raise SystemExit(f"error: --model {model!r} is not in the local cache and the hub cannot be "
+                         f"reached ({type(e).__name__}): {download}")
+    return model
+
+
+def disable_dropout(model) -> None:
+    """Every dropout probability of the model to 0 (hub configs have them: gpt2's are 0.1).
+
+    Sampling and the old log-probs run in eval mode, the update in train mode. With dropout on,
+    the first update would score the sampled tokens with another (random) function than the one
+    that sampled them, and the ratio π_θ/π_θold would be noise instead of exactly 1.
+    """
+    for key, value in model.config.to_dict().items():
+        if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
+            setattr(model.config, key, 0.0)
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        for name, value in list(vars(module).items()):
+            if "dropout" in name and isinstance(value, float):  # Llama's attention_dropout
+                setattr(module, name, 0.0)
+
+
+def load_policy(name: str, device, float32_logits: bool = True, path: Optional[str] = None):
+    """Tokenizer and model from a hub id, a folder or a .gguf file: dropout off, left padding, and
+    with `float32_logits` the output layer in float32 under autocast. `path`: where the files of
+    `name` are, when not where resolve_model_path finds them."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy: after checks
+    from transformers.utils.logging import disable_progress_bar
+
+    disable_progress_bar()  # one console line per iteration, no loading bars
+    folder, gguf, adapter = path or resolve_model_path(name), {}, None
+    if os.path.exists(os.path.join(folder, "adapter_config.json")):  # a LoRA adapter: its base first
+        with open(os.path.join(folder, "adapter_config.json")) as f:
+            folder, adapter = resolve_model_path(json.load(f)["base_model_name_or_path"]), folder
+    if folder.endswith(".gguf"):  # transformers dequantises its weights to float32
+        folder, gguf = os.path.dirname(folder), {"gguf_file": os.path.basename(folder)}
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(adapter or folder, **({} if adapter else gguf))
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: --model {name!r}: its tokenizer has no EOS token, so responses "
+                             "could never end")
+        AutoConfig.from_pretrained(folder, trust_remote_code=False, **gguf)  # refuses custom code
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **gguf)
+    except (OSError, ValueError) as e:
+        if "trust_remote_code" in str(e):
+            raise SystemExit(f"error: --model {name!r} needs its own code from the hub (trust_remote_code); "
+                             "this script runs only architectures that transformers ships")
+        raise SystemExit(f"error: --model {name!r} could not be loaded: {str(e).splitlines()[0]}")
+    if gguf:  # a model loaded from GGUF refuses save_pretrained; a copy of it does not
+        plain = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        plain.load_state_dict(model.state_dict())
+        plain.generation_config, model = model.generation_config, plain
+    if adapter:  # the adapter merged in: the model that run saved, to train on from here
+        from peft import PeftModel
+
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft's
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload().requires_grad_(True)
+    model = model.to(device)
+    # a saved adapter or tokenizer names its base model as the user gave it, not this machine's cache
+    model.name_or_path = model.config._name_or_path = tokenizer.name_or_path = name
+    for key in ("local_files_only", "is_local"):  # how this machine found the files
+        tokenizer.init_kwargs.pop(key, None)
+    disable_dropout(model)
+    if float32_logits:
+        float32_output_layer(model)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token  # gpt2 has none; the response mask needs none
+    tokenizer.padding_side = "left"  # generation appends at the right end of every row
+    if device.type == "cpu":
+        # grouped-query attention in torch's kernel: transformers would copy every key/value head per step
+        os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+    return tokenizer, model
+
+
+def load(args: ModelArgs, device):
+    """The policy to train, as the flags say: load_policy, then LoRA adapters and gradient
+    checkpointing; on a GPU the frozen weights (LoRA's base) stored in bfloat16."""
+    tokenizer, model = load_policy(args.model, device, args.float32_logits)
+    if args.gradient_checkpointing:
+        model.activation_checkpointing_enable()  # in train mode only: the update, not sampling
+    if args.lora_rank > 0:
+        model = add_lora(model, args.lora_rank, args.lora_alpha)
+        if device.type == "cuda":
+            frozen_weights_to_bfloat16(model)
+    return tokenizer, model
+
+
+class Float32OutputLayer(torch.nn.Linear):
+    """The output layer computed in float32, also under bfloat16 autocast.
+
+    bfloat16's 8-bit mantissa rounds a logit of 10 by up to 0.03. π_θold (scored in one batch
+    shape) and π_θ at the first update (another shape, other GPU kernels) would then differ by far
+    more than GSPO's clip range (3e-4), at a ratio that must be exactly 1.
+    """
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        with torch.autocast(hidden.device.type, enabled=False):
+            bias = None if self.bias is None else self.bias.float()
+            return F.linear(hidden.float(), self.weight.float(), bias)
+
+
+def float32_output_layer(model) -> None:
+    """The output layer made a Float32OutputLayer: the same weights (tied or not), another forward."""
+    head = model.get_output_embeddings()
+    if type(head) is torch.nn.Linear:  # GPT-2, Llama, Qwen, ... (a subclass keeps its own forward)
+        head.__class__ = Float32OutputLayer
+
+
+def frozen_weights_to_bfloat16(model) -> None:
+    """Frozen weights of linear layers (LoRA's base, a reference copy) stored in bfloat16 once.
+
+    Autocast would cast them at every forward and every decoding step. Trainable weights and Adam's
+    state stay float32 (small steps would be lost to rounding); embeddings, norms and the float32
+    output layer keep their precision. Needs autocast on, to meet float32 inputs.
+    """
+    from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
+
+    for module in model.modules():
+        if isinstance(module, (torch.nn.Linear, Conv1D)) and not isinstance(module, Float32OutputLayer):
+            for parameter in module.parameters(recurse=False):
+                if not parameter.requires_grad:
+                    parameter.data = parameter.data.to(torch.bfloat16)
+
+
+def add_lora(model, rank: int, alpha: float):
+    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze W and learn W + (α/r) B A on every linear layer
+    of attention and MLP (peft's "all-linear"). B starts at 0, so the policy starts as the model."""
+    from peft import LoraConfig, get_peft_model
+
+    warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D: peft handles it
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft's
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0)
+    return get_peft_model(model, config)
+
+
+def save_model(model, tokenizer, folder: str, is_main: bool = True) -> None:
+    """Write to a temporary folder, then put it in place of `folder` (a run extended saves again).
+
+    An interrupted save never leaves a half-written model. With LoRA this saves the adapter
+    (PeftModel.from_pretrained(base, folder), then .merge_and_unload()). Under --fsdp every process
+    sends its shards to process 0, which writes a plain Hugging Face folder.
+    """
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+        from transformers import AutoModelForCausalLM
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        weights = get_model_state_dict(model, options=options)
+        if is_main:
+            whole = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+            whole.load_state_dict(weights)
+            whole.generation_config, model = model.generation_config, whole
+    if not is_main:
+        return
+    tmp, old = folder + ".tmp", folder + ".old"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    if os.path.exists(folder):
+        os.replace(folder, old)
+    os.replace(tmp, folder)
+    shutil.rmtree(old, ignore_errors=True)
+    print(f"saved to {folder}", flush=True)
+
+
+# ---------------------------------------------------------------- memory: the responses of one pass
+
+# One response in an update pass, measured on SmolLM2-135M (common/results/memory.md): float32
+# [tokens, vocabulary] arrays alive at the peak (logits, their gradient, log-softmax's temporaries),
+# and values kept for backward per token, layer and unit of width.
+LOGIT_COPIES = 6
+ACTIVATION_VALUES = 20
+CPU_PASS_BUDGET = 2 * 2**30  # bytes: with the model, Adam and sampling, SmolLM2 stays under 6 GiB
+
+
+def response_bytes(response_tokens: int, prompt_tokens: int, group_size: int, config,
+                   activation_bytes: int) -> float:
+    """Estimated memory of one response in an update pass: its logits and their copies, and the
+    activations of its tokens and of its share of its group's prompt (read once per group)."""
+    text = config.get_text_config()
+    logits = response_tokens * text.vocab_size * 4 * LOGIT_COPIES
+    tokens = response_tokens + prompt_tokens / group_size
+    return logits + tokens * text.num_hidden_layers * text.hidden_size * ACTIVATION_VALUES * activation_bytes
+
+
+def state_bytes(weights: int, trained: int, frozen_bytes: float, processes: int, fsdp: bool,
+                reference: float = 0.0) -> float:
+    """What each process holds before any pass: 16 bytes a trained weight (float32 weight, gradient,
+    Adam's two moments; DDP's buckets add 4 on several processes), the frozen weights as stored
+    (`frozen_bytes` in all), a reference copy. --fsdp shards the 16 bytes over the processes and
+    gathers the whole weights in float32 for sampling."""
+    if fsdp:
+        return trained * 16 / processes + weights * 4 + reference
+    return trained * (16 + (4 if processes > 1 else 0)) + frozen_bytes + reference
+
+
+def model_state_bytes(model, ref_model, processes: int) -> float:
+    """state_bytes of a loaded policy (and its reference model, unless it is the policy)."""
+    parameters = list(model.parameters())
+    reference = 0.0
+    if ref_model is not None and ref_model is not model:
+        reference = sum(p.numel() * p.element_size() for p in ref_model.parameters())
+    return state_bytes(
+        weights=sum(p.numel() for p in parameters),  # a shard's numel() is the whole parameter's
+        trained=sum(p.numel() for p in parameters if p.requires_grad),
+        frozen_bytes=sum(p.numel() * p.element_size() for p in parameters if not p.requires_grad),
+        processes=processes,
+        fsdp=is_sharded(model),
+        reference=reference,
+    )
+
+
+def pass_budget(gpu_memory: Optional[int], state: float) -> float:
+    """Bytes an update pass may take. On a CPU (gpu_memory None): a fixed budget, at most an eighth
+    of the machine. On a GPU: half of what 90 % of the card leaves after the training state; the
+    other half is for sampling, the allocator's slack and what the estimate misses."""
+    if gpu_memory is None:
+        return min(CPU_PASS_BUDGET, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 8)
+    return (0.9 * gpu_memory - state) / 2
+
+
+def pass_size(minibatch: int, group_size: int, per_response: float, budget: float) -> int:
+    """The most responses per pass whose estimate fits the budget, among the sizes that divide the
+    minibatch: whole groups where one fits (a pass then reads each prompt once); at least 1."""
+    sizes = [n for n in range(1, minibatch + 1)
+             if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]
+    return max([n for n in sizes if n * per_response <= budget], default=1)
+
+
+def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int, list[str]]:
+    """--micro-batch-size, or left unset: the most responses per pass that fit the memory budget (the
+    step is the same at any size: gradient accumulation), with the console's line of arithmetic."""
+    if args.micro_batch_size is not None:
+        return args.micro_batch_size, []
+    processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    device = next(model.parameters()).device
+    minibatch = args.prompts_per_iteration // processes // args.num_minibatches * args.group_size
+    per_response = response_bytes(args.max_new_tokens, prompt_tokens, args.group_size, model.config,
+                                  2 if device.type == "cuda" else 4)
+    gpu_memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    state = model_state_bytes(model, ref_model, processes) if gpu_memory else 0.0
+    budget = pass_budget(gpu_memory, state)
+    size = pass_size(minibatch, args.group_size, per_response, budget)
+    return size, [f"--micro-batch-size {size}  (responses per pass: the most of the minibatch of {minibatch} "
+                  f"within {budget / 2**30:.1f} GiB, at an estimated {per_response / 2**20:,.0f} MB each for "
+                  f"{args.max_new_tokens} + {prompt_tokens}/{args.group_size} tokens; common/results/memory.md)"]

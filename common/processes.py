@@ -1,0 +1,189 @@
+"""Several processes under torchrun: what a group file needs to run on N GPUs (or N CPU processes).
+
+1. `start` and `finish`: join the process group (NCCL between GPUs, gloo between CPU processes) and leave it
+   together. A plain `python grpo.py` is process 0 of 1 and joins nothing.
+2. `distribute`: the model the update runs. DDP by default (a whole copy in every process); with --fsdp,
+   torch's FSDP2 (weights, gradients and Adam's state sharded). `whole_weights` gathers a sharded model for
+   sampling; `gradient_sync` lets DDP reduce once per optimiser step.
+3. `draw_minibatches`: one epoch's minibatches of whole groups, as many passes on every process.
+4. Reductions across processes: `global_mean`, `global_fraction`, `global_max`.
+
+None of it is a method: every group file runs the same processes the same way, so it lives here once.
+"""
+
+import contextlib
+import importlib
+import os
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+
+def world_size() -> int:
+    """How many processes torchrun started (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def start(use_cuda: bool) -> tuple[int, int, torch.device]:
+    """(rank, number of processes, device); under torchrun, join the process group first."""
+    processes = world_size()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = use_cuda and torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+    if processes == 1:
+        return 0, 1, device
+    if cuda:
+        torch.cuda.set_device(device)
+    # torch.distributed.nn reads group.WORLD once, at import: imported after the group exists, it would
+    # hold the group past destroy_process_group (see finish)
+    importlib.import_module("torch.distributed.nn")
+    torch.distributed.init_process_group("nccl" if cuda else "gloo")
+    return torch.distributed.get_rank(), processes, device
+
+
+def finish() -> None:
+    """Leave the process group, every process together; the caller has dropped its DDP wrapper.
+
+    Process 0 still evaluates and saves when the others reach the end: the barrier waits for it.
+    destroy_process_group then drops the group's last reference, so that gloo's threads end with it.
+    A thread that outlived the interpreter would abort the process (SIGABRT), and torchrun would
+    kill process 0 mid-evaluation.
+    """
+    if not torch.distributed.is_initialized():
+        return
+    nccl = torch.distributed.get_backend() == "nccl"
+    torch.distributed.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
+    torch.distributed.destroy_process_group()
+
+
+def distribute(model, fsdp: bool, processes: int):
+    """The model the update runs; sampling and scoring use `model` itself.
+
+    One process: the model. Under torchrun, DDP: a wrapper around a whole copy in every process,
+    which averages the gradients of the processes in backward(). With --fsdp, the model itself,
+    sharded by FSDP2: each decoder block, then the rest, split over the processes. A pass gathers
+    a block's weights just before it runs and frees them after. Build the optimiser afterwards.
+    """
+    if processes == 1:
+        return model
+    if not fsdp:
+        return torch.nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = max((m for m in model.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model, reshard_after_forward=False)  # the root: needed again at once, by backward
+    return model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def local(p: Tensor) -> Tensor:
+    """A parameter's values on this process: all of them, or under --fsdp its shard."""
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
+@contextlib.contextmanager
+def whole_weights(model):
+    """Under --fsdp, every block's weights gathered once for sampling, and kept until after.
+
+    A sampler stops when its own responses have ended, after another number of steps on each
+    process: gathering block by block at each step, one process would wait in a collective that
+    the others never join. Without --fsdp: nothing.
+    """
+    if not is_sharded(model):
+        yield
+        return
+    blocks = [m for m in model.modules() if is_sharded(m) and m is not model]
+    for block in blocks:
+        block.set_reshard_after_forward(False, recurse=False)
+    for block in [model, *blocks]:
+        block.unshard()
+    try:
+        yield
+    finally:
+        for block in [model, *blocks]:
+            block.reshard()
+        for block in blocks:
+            block.set_reshard_after_forward(True, recurse=False)
+
+
+def gradient_sync(model, last: bool):
+    """DDP reduces gradients in every backward; within one optimiser step, only the last needs it."""
+    if last or not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        return contextlib.nullcontext()
+    return model.no_sync()
+
+
+# ---------------------------------------------------------------- reductions across processes
+
+def _reduce(values: list[float], op) -> Tensor:
+    """float64 values reduced over all processes (themselves in one process)."""
+    total = torch.tensor(values, dtype=torch.float64)
+    if torch.distributed.is_initialized():
+        nccl = torch.distributed.get_backend() == "nccl"  # NCCL reduces GPU tensors only, gloo CPU ones
+        total = total.to("cuda" if nccl else "cpu")
+        torch.distributed.all_reduce(total, op=op)
+    return total.cpu()
+
+
+def global_mean(value: float) -> float:
+    """Mean of a per-process number over all processes: what process 0 logs is the whole batch's."""
+    processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    return _reduce([value], torch.distributed.ReduceOp.SUM).item() / processes
+
+
+def global_fraction(part: float, whole: float) -> float:
+    """Σ part / Σ whole over all processes; 0 when the whole is 0."""
+    total = _reduce([part, whole], torch.distributed.ReduceOp.SUM)
+    return (total[0] / total[1]).item() if total[1] > 0 else 0.0
+
+
+def global_max(value: float) -> float:
+    """The largest of a per-process number over all processes."""
+    return _reduce([value], torch.distributed.ReduceOp.MAX).item()
+
+
+# ---------------------------------------------------------------- the update's minibatches
+
+class Minibatch(NamedTuple):
+    """One optimiser step: its responses, and the passes (micro-batches) that run them."""
+
+    rows: Tensor  # [minibatch size] indices of its responses
+    passes: list[Tensor]  # at most --micro-batch-size responses each; with β = 0, groups with signal
+
+
+def draw_minibatches(
+    advantages: Tensor,
+    group_size: int,
+    num_minibatches: int,
+    micro_batch_size: Optional[int],
+    skip_no_signal: bool,
+) -> list[Minibatch]:
+    """One epoch's minibatches, of whole groups drawn at random.
+
+    A group stays whole: its responses share their prompt, which a pass then reads once. With
+    skip_no_signal (β = 0), groups whose advantages are all 0 run no pass: every term of the loss
+    is multiplied by Â, so they add exactly 0. DDP's backward is collective, so every process runs
+    as many groups: the most of any process, topped up with groups without signal.
+    """
+    groups = advantages.view(-1, group_size)  # [B, G]
+    has_signal = (groups != 0).any(dim=1)  # [B]
+    offsets = torch.arange(group_size, device=advantages.device)
+    minibatches = []
+    for chosen in torch.randperm(len(groups), device=advantages.device).chunk(num_minibatches):
+        run = chosen
+        if skip_no_signal:
+            count = int(global_max(int(has_signal[chosen].sum())))
+            signal_first = torch.argsort((~has_signal[chosen]).int(), stable=True)
+            run = chosen[signal_first][:count]
+        rows, run_rows = ((g.unsqueeze(1) * group_size + offsets).flatten() for g in (chosen, run))
+        passes = list(run_rows.split(micro_batch_size or len(rows))) if len(run_rows) else []
+        minibatches.append(Minibatch(rows, passes))
+    return minibatches

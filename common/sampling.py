@@ -1,0 +1,240 @@
+"""Prompts in, tokens out: what the group files' `sample` and `response_logits` call on.
+
+1. `PromptFormat`: what the model reads (a chat template, or solved examples as text), the tokens
+   and the stop string where its answer ends, and the answer's text.
+2. Reading prompts once: `shared_head` finds the tokens every prompt of a batch begins with,
+   `read_prompts` runs that head once and each prompt's tail after it into a KV cache, `embed`
+   looks a pass's tokens up once.
+3. `decoding_cache`: the prefill's keys and values copied per response, in a cache allocated once.
+
+The draw of a token and the decoding loop are in the group files: they define π_θold.
+"""
+
+import random
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from common.tasks import EVAL_SEED
+
+# ---------------------------------------------------------------- what the model reads, and where its answer ends
+
+
+class PromptFormat:
+    """What the model reads for a task's questions, and where its answers end.
+
+    A chat model: its chat template, the task's answer format in the user turn (after the system
+    prompt), solved examples as earlier turns. A base model: solved examples as text, then the
+    question, so that it answers in the format the reward reads; its answer ends at a stop string.
+    """
+
+    def __init__(self, tokenizer, task, few_shot: Optional[int] = None, system_prompt: Optional[str] = None,
+                 model=None):
+        self.tokenizer, self.task, self.system_prompt = tokenizer, task, system_prompt
+        self.chat = tokenizer.chat_template is not None
+        self.typed_few_shot = few_shot
+        # --few-shot left unset: a base model needs the task's examples to answer in its format;
+        # a chat model's user turn states the format
+        self.few_shot = few_shot if few_shot is not None else 0 if self.chat else task.default_few_shot
+        self.examples = task.examples(self.few_shot, random.Random(EVAL_SEED)) if self.few_shot else []
+        self.stop = None if self.chat or not self.examples else self._stop_string()
+        self.pad_id = tokenizer.pad_token_id
+        # the tokens that end a response: the tokenizer's EOS and the model's end of turn (Qwen's <|im_end|>)
+        config_eos = [] if model is None else model.generation_config.eos_token_id
+        config_eos = [] if config_eos is None else config_eos if isinstance(config_eos, list) else [config_eos]
+        self.eos_ids = sorted({tokenizer.eos_token_id, *config_eos})
+        self.positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+
+    def _stop_string(self) -> str:
+        """Where a few-shot base model's answer ends: the first newline, or the blank line between
+        examples whose answers span lines. Without it, it would write a question of its own."""
+        return "\n\n" if any("\n" in answer for _, answer in self.examples) else "\n"
+
+    def default_line(self) -> list[str]:
+        """The console's line for --few-shot left unset, once the model's kind is known."""
+        if self.typed_few_shot is not None:
+            return []
+        kind = "a chat model: its user turn states the format" if self.chat else (
+            "a base model: the task's solved examples show the format")
+        return [f"--few-shot {self.few_shot}  ({kind})"]
+
+    def texts(self, questions: list[str]) -> list[str]:
+        """The prompts as the model reads them (the examples come from the training split)."""
+        if self.chat:
+            system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            shots = []
+            for question, answer in self.examples:
+                shots += [{"role": "user", "content": f"{question}\n{self.task.instruction}"},
+                          {"role": "assistant", "content": answer}]
+            return [self.tokenizer.apply_chat_template(
+                system + shots + [{"role": "user", "content": f"{q}\n{self.task.instruction}"}],
+                tokenize=False,
+                add_generation_prompt=True,
+            ) for q in questions]
+        if not self.examples:
+            return questions
+        shots = "".join(f"Question: {q}\nAnswer: {a}\n\n" for q, a in self.examples)
+        return [f"{shots}Question: {q}\nAnswer:" for q in questions]
+
+    def token_ids(self, texts: list[str]) -> list[list[int]]:
+        # a chat template already holds its special tokens
+        return self.tokenizer(texts, add_special_tokens=not self.chat)["input_ids"]
+
+    def encode(self, questions: list[str], device) -> tuple[Tensor, Tensor]:
+        """Token ids and attention mask of the prompts, left-padded: [B, P] each."""
+        texts = self.texts(questions)
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=not self.chat)
+        return enc["input_ids"].to(device), enc["attention_mask"].to(device)
+
+    def check_lengths(self, eval_questions: list[str], max_new_tokens: int) -> int:
+        """The longest prompt, held-out or training, in tokens; one line when one and a response
+        would not fit the model's positions, naming the question."""
+        splits = getattr(self.task, "splits", None)  # a file's questions: every one of them
+        if splits is not None:
+            training = [question for question, _, _ in splits["train"]]
+        else:  # a generator's: a sample, drawn as training draws them (alike in length)
+            training = [question for question, _ in self.task.prompts(1000, random.Random(EVAL_SEED))]
+        questions = eval_questions + training
+        lengths = [len(ids) for ids in self.token_ids(self.texts(questions))]
+        longest = max(range(len(questions)), key=lengths.__getitem__)
+        if self.positions is not None and lengths[longest] + max_new_tokens > self.positions:
+            question = questions[longest] if len(questions[longest]) <= 60 else questions[longest][:57] + "..."
+            raise SystemExit(f"error: the prompt of the question {question!r} is {lengths[longest]} tokens "
+                             f"long: with --max-new-tokens {max_new_tokens} it exceeds the model's "
+                             f"{self.positions} positions; lower --few-shot or --max-new-tokens, or leave "
+                             "that question out")
+        return lengths[longest]
+
+    def holds_stop(self, responses: Tensor) -> Tensor:
+        """[N] True where the response so far holds the stop string: the answer has ended.
+        Only the last 8 tokens are decoded (a stop string is a newline or two)."""
+        tails = self.tokenizer.batch_decode(responses[:, -8:])
+        return torch.tensor([self.stop in tail for tail in tails], device=responses.device)
+
+    def stop_mask(self, responses: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """mask [N, T] ended at the token that completes the first stop string (included, like an
+        EOS), and [N] True where the answer ended so. The shortest prefix whose text holds it is
+        found by bisection, since one token may hold several characters."""
+        lengths, stopped = [], []
+        for row, n in zip(responses.tolist(), mask.sum(dim=1).long().tolist()):
+            low, high = 1, n
+            stopped.append(self.stop in self.tokenizer.decode(row[:n]))
+            if stopped[-1]:
+                while low < high:
+                    middle = (low + high) // 2
+                    if self.stop in self.tokenizer.decode(row[:middle]):
+                        high = middle
+                    else:
+                        low = middle + 1
+            lengths.append(high)
+        positions = torch.arange(responses.shape[1], device=responses.device)
+        cut = positions.unsqueeze(0) < torch.tensor(lengths, device=responses.device).unsqueeze(1)
+        return cut.float(), torch.tensor(stopped, dtype=torch.bool, device=responses.device)
+
+    def decode(self, responses: Tensor, mask: Tensor) -> list[str]:
+        """Each response's text, up to the end of its answer."""
+        lengths = mask.sum(dim=1).long().tolist()
+        rows = [row[:n] for row, n in zip(responses.tolist(), lengths)]
+        return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+# ---------------------------------------------------------------- reading prompts once
+
+def position_ids(attention_mask: Tensor) -> Tensor:
+    """Each token's position among the real tokens of its row (gpt2 has absolute positions)."""
+    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+
+def shared_head(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
+    """H: how many leading tokens every left-padded prompt of [B, P] shares (a chat template, a
+    system turn, solved examples), at most the shortest prompt's length − 1."""
+    lengths = prompt_mask.sum(dim=1)
+    width = int(lengths.min()) - 1
+    if width <= 0:
+        return 0
+    starts = prompt_ids.shape[1] - lengths  # left padding: prompt b begins at column P − length_b
+    columns = starts.unsqueeze(1) + torch.arange(width, device=prompt_ids.device)
+    heads = prompt_ids.gather(1, columns)  # [B, width]
+    return int((heads == heads[:1]).all(dim=0).int().cumprod(dim=0).sum())
+
+
+def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep: int = 1,
+                 prompt_embeds: Optional[Tensor] = None):
+    """Left-padded prompts [B, P] through the model into a KV cache, their shared head run once.
+
+    The H tokens every prompt begins with (shared_head) run as a batch of one; their keys and
+    values are copied B times, and each prompt's tail continues from them: every token sees what it
+    would see in its whole prompt, at the same positions. Returns the model's output (the cache,
+    the last `logits_to_keep` logits) and the cache's attention mask [B, H + the longest tail]: 1 on
+    the head, then each tail right-aligned after its left padding (0). `prompt_embeds` [B, P, d]:
+    the prompts' input embeddings, when the caller looked them up (see `embed`).
+    """
+    head = shared_head(prompt_ids, prompt_mask)
+    lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1]
+    width = int(lengths.max()) - head  # the longest tail
+    columns = torch.arange(width, device=prompt_mask.device)
+    tail_mask = (columns >= width - (lengths - head)).to(prompt_mask.dtype)  # [B, width]
+    attention_mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), head), tail_mask], dim=1)
+    # the tokens, as ids [B, P] or as the caller's embeddings [B, P, d], sliced alike
+    key, inputs = ("input_ids", prompt_ids) if prompt_embeds is None else ("inputs_embeds", prompt_embeds)
+    cache = None
+    if head > 0:
+        start = prompt_ids.shape[1] - int(lengths[0])
+        cache = model(
+            **{key: inputs[:1, start : start + head]},
+            attention_mask=attention_mask[:1, :head],
+            position_ids=torch.arange(head, device=prompt_ids.device).unsqueeze(0),
+            use_cache=True,
+            logits_to_keep=1,
+        ).past_key_values  # the head, [1, H]
+        cache.batch_repeat_interleave(len(prompt_ids))  # [1, ...] -> [B, ...]
+    output = model(
+        **{key: inputs[:, prompt_ids.shape[1] - width :]},
+        attention_mask=attention_mask,
+        position_ids=position_ids(attention_mask)[:, head:],
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=logits_to_keep,
+    )
+    return output, attention_mask
+
+
+def embed(model, *token_ids: Tensor) -> list[Tensor]:
+    """The input embeddings of each tensor of token ids [..] -> [.., d], from one lookup.
+
+    Each lookup gives the embedding matrix [vocab, d] a dense gradient of its own, which backward
+    then adds up: one lookup per pass gives it one. `model` may be wrapped in DDP.
+    """
+    lookup = getattr(model, "module", model).get_input_embeddings()
+    embeds = lookup(torch.cat([ids.flatten() for ids in token_ids]))
+    parts = embeds.split([ids.numel() for ids in token_ids])
+    return [part.view(*ids.shape, -1) for part, ids in zip(parts, token_ids)]
+
+
+def decoding_cache(model, prefill_cache, repeats: int, new_tokens: int):
+    """The prefill's keys and values, each row `repeats` times, in a cache with room for
+    `new_tokens` more columns, allocated once (transformers' StaticCache).
+
+    A decoding step writes its keys and values in place, where a growing cache (DynamicCache)
+    copies itself whole at every step. Under bfloat16 autocast a step's keys and values need not
+    have the prefill's dtype, which a StaticCache cannot take in place: there the cache grows.
+    """
+    from transformers import StaticCache
+
+    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
+        prefill_cache.batch_repeat_interleave(repeats)
+        return prefill_cache
+    cache = StaticCache(config=model.config, max_cache_len=prefill_cache.get_seq_length() + new_tokens)
+    for layer, filled in zip(cache.layers, prefill_cache.layers):
+        layer.update(filled.keys.repeat_interleave(repeats, dim=0),
+                     filled.values.repeat_interleave(repeats, dim=0))
+    return cache
+
+
+def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
+    """Stack [n_k, width_k] tensors of several sampling rounds, padding each to the widest."""
+    width = max(t.shape[1] for t in tensors)
+    return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)
+                      for t in tensors])
