@@ -6,10 +6,16 @@
    `read_prompts` runs that head once and each prompt's tail after it into a KV cache, `embed`
    looks a pass's tokens up once.
 3. `decoding_cache`: the prefill's keys and values copied per response, in a cache allocated once.
+4. When the sampler is not the trainer: `Sampler` holds the weights that sample (the policy, or a
+   copy in another dtype, or weights k updates old), and `correct` weighs or masks the update's
+   tokens for it (common/EQUATIONS.md: the sampler is not π_θold).
 
 The draw of a token and the decoding loop are in the group files: they define π_θold.
 """
 
+import collections
+import copy
+import math
 import random
 from typing import Optional
 
@@ -17,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.processes import global_fraction, global_max
 from common.tasks import EVAL_SEED
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
@@ -238,3 +245,95 @@ def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
     width = max(t.shape[1] for t in tensors)
     return torch.cat([F.pad(t, (width - t.shape[1], 0) if left else (0, width - t.shape[1]), value=value)
                       for t in tensors])
+
+
+# ---------------------------------------------------------------- when the sampler is not the trainer
+
+class Sampler:
+    """The weights that sample: the policy itself (by default), or a copy of it in another dtype (an
+    inference engine's bfloat16), or with the weights of `lag` updates ago (an asynchronous pipeline).
+
+    The copy follows the policy: `refresh()` after every update. With a lag it keeps the last
+    lag + 1 versions of the trained weights, which a checkpoint holds (state_dict).
+    """
+
+    def __init__(self, policy, dtype: Optional[str] = None, lag: int = 0):
+        self.policy, self.lag = policy, lag
+        self.copy = None
+        self.history = collections.deque(maxlen=lag + 1)  # trained weights, oldest first
+        if dtype is None and lag == 0:
+            return  # the sampler is the trainer
+        self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
+        if dtype is not None:
+            self.copy.to(getattr(torch, dtype))
+        self.refresh()
+
+    @property
+    def model(self):
+        return self.policy if self.copy is None else self.copy
+
+    def trained(self) -> dict:
+        return {name: p.detach() for name, p in self.policy.named_parameters() if p.requires_grad}
+
+    def refresh(self) -> None:
+        """After an update: the copy takes the weights of `lag` updates ago (the new ones at lag 0)."""
+        if self.copy is not None:
+            self.history.append({name: p.clone() for name, p in self.trained().items()})
+            self._sample_with(self.history[0])
+
+    @torch.no_grad()
+    def _sample_with(self, weights: dict) -> None:
+        for name, p in self.copy.named_parameters():
+            if name in weights:
+                p.copy_(weights[name])  # cast to the copy's dtype
+
+    def state_dict(self) -> dict:
+        return {"history": list(self.history)} if self.lag > 0 else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A resumed run's sampler: its saved versions, or (no lag) the policy's weights as restored."""
+        if self.copy is None:
+            return
+        self.history.clear()
+        self.history.extend(state.get("history") or [{n: p.clone() for n, p in self.trained().items()}])
+        self._sample_with(self.history[0])
+
+
+CORRECTIONS = ("none", "token-tis", "token-mask", "sequence-mask")
+
+
+def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):
+    """The update's rollout for a sampler μ that is not π_θold, and the figures to log.
+
+    ρ_t = π_θold(y_t) / μ(y_t) per token. token-tis: each token's term weighed by min(ρ_t, C)
+    (truncated importance sampling); token-mask: tokens with ρ_t outside [1/C, C] leave the loss;
+    sequence-mask: responses whose geometric mean of ρ is outside [1/C, C] leave it. The figures
+    are over the tokens of responses with signal (Â ≠ 0), as the update's clip fraction is.
+    """
+    mask = rollout.mask
+    log_rho = (rollout.old_logprobs - sampler_logprobs).clamp(-20.0, 20.0) * (mask > 0)  # [N, T]
+    bound = math.log(cap)
+    weights, kept = None, mask
+    if correction == "token-tis":
+        weights = log_rho.exp().clamp(max=cap)
+    elif correction == "token-mask":
+        kept = mask * (log_rho.abs() <= bound)
+    elif correction == "sequence-mask":
+        geometric = log_rho.sum(dim=1) / (mask > 0).sum(dim=1).clamp(min=1)  # mean log ρ of each response
+        kept = mask * (geometric.abs() <= bound).unsqueeze(1)
+    rollout = rollout._replace(mask=kept, weights=weights)
+    signal = (mask > 0) & (rollout.advantages != 0).unsqueeze(1)  # [N, T]
+    tokens = signal.sum().item()
+    if correction == "none" or global_max(tokens) == 0:
+        return rollout, {}
+    rho = log_rho.exp()[signal]  # the ratios of the tokens with signal, on this process
+    responses = signal.any(dim=1)
+    dropped = responses & ~(kept * signal > 0).any(dim=1)  # every token of the response left out
+    return rollout, {
+        "charts/is_ratio_mean": global_fraction(rho.sum().item(), tokens),
+        "charts/is_ratio_min": -global_max(-rho.min().item() if tokens else -math.inf),
+        "charts/is_ratio_max": global_max(rho.max().item() if tokens else 0.0),
+        "charts/is_truncated_fraction": global_fraction((rho > cap).sum().item(), tokens),
+        "charts/is_masked_fraction": global_fraction(((kept == 0) & signal).sum().item(), tokens),
+        "charts/is_masked_response_fraction": global_fraction(dropped.sum().item(), responses.sum().item()),
+    }

@@ -1,10 +1,15 @@
 """Shared pytest setup: the repository root importable (tests import the algorithm files), the lists of
-algorithm files, and one fixture that runs a script's main block in this process."""
+algorithm files, and one fixture that runs a script's main block in this process. Under pytest-xdist (`-n 2`,
+the README's command) each worker and the processes it starts compute on one thread: two workers of two
+threads each on two cores ran slower than one worker."""
 import os
 import runpy
 import sys
 
-import pytest
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported here, and for every subprocess
+
+import pytest  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:

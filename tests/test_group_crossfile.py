@@ -23,8 +23,6 @@ import ast
 import inspect
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -37,7 +35,6 @@ import sapo
 from common import checkpoints, policy, processes, runs, sampling
 from conftest import ROOT
 
-TINY = os.path.join(ROOT, "common", "models", "tiny_model")
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
 F64 = torch.float64
 
@@ -452,21 +449,12 @@ def test_dapo_zero_signal_rows_get_no_gradient():
     assert torch.equal(grad[4:], torch.zeros_like(grad[4:]))
 
 
-def test_dapo_smoke_run_logs_dynamic_sampling(tmp_path):
+def test_dapo_smoke_run_logs_dynamic_sampling(in_process):
     """dapo.py end to end on the embedded model: the dynamic-sampling tags are written every iteration,
     within their ranges (1 ≤ rounds ≤ --max-sampling-rounds, the share of groups with mixed answers in [0, 1])."""
-    if not os.path.exists(os.path.join(TINY, "config.json")):
-        pytest.skip("common/models/tiny_model/ is not there yet (it is being trained): "
-                    "no embedded model to run dapo.py on")
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "dapo.py"), "--num-iterations", "2", "--prompts-per-iteration", "4",
-         "--eval-size", "8"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    run_dir, _ = in_process("dapo", ["--num-iterations", "2", "--prompts-per-iteration", "4", "--eval-size", "8"])
     acc = EventAccumulator(str(run_dir))
     acc.Reload()
     rounds = [e.value for e in acc.Scalars("charts/sampling_rounds")]
