@@ -28,8 +28,8 @@ makes s_i move far less than a token ratio, hence the paper's tiny clip range, �
 One iteration (the main loop at the end): sample B prompts → G responses each from π_θold →
 rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch steps on the
 loss → log. Sections tagged [METHOD] are where the siblings differ; [SHARED] ones are the same in
-all five (tests/test_group_crossfile.py). The rest is in common/: policy.py (the model and its
-flags), sampling.py (prompts, the KV cache), processes.py (torchrun), runs.py and checkpoints.py.
+all five (tests/test_group_crossfile.py). The rest is in common/: policy.py (the model, its flags),
+sampling.py (prompts, the KV cache, the sampler), processes.py (torchrun), runs.py, checkpoints.py.
 
     python gspo.py                                      # the embedded tiny model, offline, on a CPU
     python gspo.py --model Qwen/Qwen2.5-0.5B-Instruct   # a real model: defaults per machine
@@ -131,16 +131,19 @@ def policy_loss(
     clip_eps_low: float = 3e-4,
     clip_eps_high: float = 4e-4,
     kl_estimator: Literal["k1", "k2", "k3"] = "k3",
+    weights: Optional[Tensor] = None,
 ) -> Tensor:
     """The negated GSPO objective, eq. (109), to minimise.
 
-    logprobs, old_logprobs, ref_logprobs, mask: [N, T] over response tokens (mask 1 on real tokens,
-    EOS included); advantages: [N], one per response, shared by all its tokens.
+    logprobs, old_logprobs, ref_logprobs, mask, weights: [N, T] over response tokens (mask 1 on real
+    tokens, EOS included); advantages: [N], one per response, shared by all its tokens.
     """
     # eq. (107): sequence ratio, the geometric mean of the token ratios; the clamp keeps exp finite
     ratio = torch.exp(masked_mean_per_response(logprobs - old_logprobs, mask).clamp(-20.0, 20.0))
     # eq. (109): sequence-level clipped surrogate; all tokens of response i share the weight s_i Â_i
     per_response = torch.min(ratio * advantages, ratio.clamp(1 - clip_eps_low, 1 + clip_eps_high) * advantages)
+    if weights is not None:  # eq. (125): a sampler that is not π_θold, corrected token by token
+        per_response = per_response * masked_mean_per_response(weights.log(), mask).exp()  # geometric mean
     if ref_logprobs is not None and beta > 0:
         kl = masked_mean_per_response(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)
         per_response = per_response - beta * kl
@@ -180,7 +183,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
 
 def reference_model(model, args: Args, bf16: bool = False):
     """π_ref of the KL term, frozen at the starting policy; β = 0 needs none. With LoRA, the policy
-    itself with its adapters off while it scores (`reference_scoring`): the starting model, at no
+    itself with its adapters off while it scores (score_responses): the starting model, at no
     memory cost. Otherwise a frozen copy (its linear layers in bfloat16 under bfloat16 autocast)."""
     if args.beta == 0:
         return None
@@ -190,11 +193,6 @@ def reference_model(model, args: Args, bf16: bool = False):
     if bf16:
         policy.frozen_weights_to_bfloat16(ref_model)
     return ref_model
-
-
-def reference_scoring(ref_model, args: Args):
-    """Where ref_model scores as π_ref: its adapters off with LoRA, nothing to do otherwise."""
-    return ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext()
 
 
 class Forward(NamedTuple):  # how a pass runs, decided once at start-up
@@ -266,11 +264,8 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
     """
     prompt_ids, prompt_mask = prompt_format.encode(questions, device)  # [B, P], left-padded
     eos_ids = torch.tensor(prompt_format.eos_ids, device=device)
-    # Prefill: each prompt once, the head all prompts share once (common/sampling.py: read_prompts)
-    prefill, prefill_mask = sampling.read_prompts(model, prompt_ids, prompt_mask)
-    cache = sampling.decoding_cache(model, prefill.past_key_values, num_samples, args.max_new_tokens)
-    logits = prefill.logits[:, -1].float().repeat_interleave(num_samples, dim=0)  # [N, vocab]
-    attention_mask = prefill_mask.repeat_interleave(num_samples, dim=0)  # [N, cached], +1 a step
+    # Prefill: each prompt read once, its keys and values copied for its G responses
+    logits, cache, attention_mask = sampling.prefill(model, prompt_ids, prompt_mask, num_samples, args.max_new_tokens)
     next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
     greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(questions))
@@ -317,8 +312,7 @@ def evaluate(model, prompt_format, task, eval_pairs, args: Args, device, forward
     with forward.autocast:
         samples = sample(model, prompt_format, questions, args, device, k + 1, greedy, generator)
     texts = prompt_format.decode(samples.responses, samples.mask)
-    targets = [target for target in targets for _ in greedy]
-    graded = [task.reward(text, target) for text, target in zip(texts, targets)]
+    graded = [task.reward(text, target) for text, target in zip(texts, [t for t in targets for _ in greedy])]
     rewards = torch.tensor(graded).view(len(questions), k + 1)
     return rewards[:, :k], rewards[:, k:]
 
@@ -340,12 +334,11 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
         prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)  # [distinct prompts]
         heads = prompt_ids[prompts, :-1]  # each distinct prompt but its last token: [b, P − 1]
         input_ids = torch.cat([prompt_ids[prompts][prompt_index, -1:], responses[:, :-1]], dim=1)  # [n, T]
-        # one lookup for both calls: one gradient of the embedding matrix (common/sampling.py: embed)
-        head_embeds, inputs_embeds = sampling.embed(model, heads, input_ids)
-        prefill, cached = sampling.read_prompts(model, heads, prompt_mask[prompts, :-1], prompt_embeds=head_embeds)
+        # the heads into a cache; the inputs' embeddings looked up with theirs
+        prefill, cached, inputs_embeds = sampling.read_prompts(model, heads, prompt_mask[prompts, :-1], input_ids)
         cache = prefill.past_key_values
         cache.reorder_cache(prompt_index)  # [b, ...] -> [n, ...]: each response its prompt's copy
-        # [n, cached + T]: the cache's columns (1 on its prompt's tokens, 0 on padding), then the inputs
+        # [n, cached + T]: 1 on the cached prompt tokens, 0 on padding, then the inputs
         attention_mask = F.pad(cached[prompt_index], (0, input_ids.shape[1]), value=1)
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # among real tokens: left padding shifts none
     logits = model(
@@ -390,20 +383,22 @@ class Rollout(NamedTuple):
     advantages: Tensor  # [N]
     old_logprobs: Tensor  # [N, T] log π_θold of the sampled tokens
     ref_logprobs: Optional[Tensor]  # [N, T] log π_ref, or None when β = 0
+    weights: Optional[Tensor] = None  # [N, T] a correction's weights (eq. 125), or None
 
 
 @torch.no_grad()
 def score_responses(model, ref_model, samples: Samples, first_epoch: list, args: Args, forward: Forward):
     """log π_θold (the model as it sampled) and log π_ref (None when β = 0) of the sampled tokens:
     [N, T] each, fixed targets of the update. Scored in the first epoch's very passes, since GPU
-    kernels round by shape: the first ratio is then exactly 1. Responses no pass runs keep 0: Â = 0."""
-    old_logprobs = torch.zeros(samples.responses.shape, device=samples.responses.device)
+    kernels round by shape: the first ratio is then exactly 1. Responses no pass runs keep μ: Â = 0."""
+    old_logprobs = samples.logprobs.clone()  # the sampler's: kept with --old-logprobs sampler (eq. 128)
     ref_logprobs = None if ref_model is None else torch.zeros_like(old_logprobs)
     model.eval()
     for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:
-        old_logprobs[inds] = logprobs_of(model, samples, inds, args, forward)
-        if ref_model is not None:
-            with reference_scoring(ref_model, args):
+        if args.old_logprobs == "trainer":
+            old_logprobs[inds] = logprobs_of(model, samples, inds, args, forward)
+        if ref_model is not None:  # with LoRA, π_ref is the policy with its adapters off
+            with ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext():
                 ref_logprobs[inds] = logprobs_of(ref_model, samples, inds, args, forward)
     return old_logprobs, ref_logprobs
 
@@ -411,11 +406,9 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list, args:
 # ---------------------------------------------------- [METHOD] the update: minibatches of whole groups
 
 def update_policy(model, optimizer, rollout: Rollout, epochs: list, args: Args, forward: Forward) -> dict:
-    """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats.
-
-    `epochs`: each epoch's minibatches of whole groups (common/processes.py: draw_minibatches), each
-    one optimiser step in passes whose gradients add up. Groups without signal may run no pass (they
-    add 0). Under torchrun DDP averages equal shards' gradients: the step is the one-process step."""
+    """Step 5: E epochs of minibatch gradient steps on the loss; returns the update's stats. `epochs`:
+    each epoch's minibatches of whole groups (common/processes.py), each one optimiser step in passes
+    whose gradients add up. Under torchrun, DDP averages equal shards: the one-process step."""
     trainable = [p for group in optimizer.param_groups for p in group["params"]]  # --fsdp: the shards
     model.train()  # dropout is off (common/policy.py): train mode only turns gradient checkpointing on
     stats = {"policy_loss": [], "grad_norm": []}
@@ -436,6 +429,7 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list, args: Args, 
                         clip_eps_low=args.clip_eps_low,
                         clip_eps_high=args.clip_eps_high,
                         kl_estimator=args.kl_estimator,
+                        weights=None if rollout.weights is None else rollout.weights[inds],
                     )
                     # a mean over responses: each pass weighs its share of the minibatch
                     loss = loss * len(inds) / len(minibatch.rows)
@@ -486,8 +480,8 @@ if __name__ == "__main__":
     tokenizer, model = policy.load(args, device)  # dropout off; LoRA and checkpointing as flagged
     ref_model = reference_model(model, args, bf16)
     train_model = processes.distribute(model, args.fsdp, world_size)  # DDP or FSDP2 under torchrun
-    trained = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(trained, lr=args.learning_rate, fused=True)  # fused: one kernel a step
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.learning_rate, fused=True)
+    sampler = sampling.Sampler(model, args.sampler_dtype, args.sampler_lag)  # the weights that sample
 
     prompt_format = sampling.PromptFormat(tokenizer, task, args.few_shot, args.system_prompt, model=model)
     eval_pairs = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same every run
@@ -497,7 +491,7 @@ if __name__ == "__main__":
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     # --save-every, --resume; Ctrl-C or SIGTERM: the iteration ends, a checkpoint is written
-    checkpoints = Checkpoints(run_dir, model=model, optimizer=optimizer, sampler=rng, args=args)
+    checkpoints = Checkpoints(run_dir, model=model, optimizer=optimizer, rng=rng, args=args, sampler=sampler)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, random states
     log = runs.IterationLog(
         run_dir, args, model=model, first_iteration=first_iteration,
@@ -512,12 +506,11 @@ if __name__ == "__main__":
         # Linear learning-rate decay to 0: the last updates are small, so the policy settles.
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - (iteration - 1) / args.num_iterations)
 
-        # 1-3. Freeze π_θold = π_θ; sample G responses to each prompt of this process (eq. 94).
-        with log.phase("generate"), processes.whole_weights(model):  # --fsdp: gathered once
-            model.eval()
+        # 1-3. Freeze π_θold = π_θ; sample G responses to each prompt (eq. 94).
+        with log.phase("generate"), sampler.ready() as behaviour:  # π_θold, or the sampler μ
             pairs = task.prompts(prompts_per_process, rng)
             with forward.autocast:
-                samples = sample(model, prompt_format, [q for q, _ in pairs], args, device, args.group_size)
+                samples = sample(behaviour, prompt_format, [q for q, _ in pairs], args, device, args.group_size)
             texts = prompt_format.decode(samples.responses, samples.mask)
         targets = [target for _, target in pairs for _ in range(args.group_size)]
 
@@ -541,12 +534,16 @@ if __name__ == "__main__":
         # 5. E epochs of minibatch gradient steps on the sequence-level clipped surrogate (eq. 107, 109).
         rollout = Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask,
                           advantages, old_logprobs, ref_logprobs)
+        # A sampler μ ≠ π_θold: each token weighed or masked by π_θold/μ (eq. 124-127).
+        rollout, corrected = sampling.correct(rollout, samples.logprobs, args.correction, args.correction_cap)
         with log.phase("update"):
             stats = update_policy(train_model, optimizer, rollout, epochs, args, forward)
+            sampler.refresh()  # the new weights, or those of --sampler-lag updates ago
 
         # Log: the same tags in every group file, means over all processes; evaluate when due.
         scalars = runs.rollout_stats(samples, rewards, advantages, accuracies=rewards,
                                      old_logprobs=old_logprobs, first_epoch=epochs[0])  # and the sampler gap
+        scalars.update(corrected)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
         if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
             break

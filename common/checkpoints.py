@@ -5,9 +5,10 @@ when SIGINT (Ctrl-C) or SIGTERM (a scheduler's preemption) asks to stop: the ite
 ends, a checkpoint is written, and the process exits with 128 + the signal's number (130, 143).
 
 A checkpoint holds everything the run draws from, so a resumed run is the uninterrupted one: the
-trained weights (with LoRA, the adapters), Adam's state, the iteration, the resolved flags, and
-every random state (Python's, NumPy's, torch's, the prompt sampler's: one file per process). It is
-written to a new folder, then named the latest: a kill mid-write leaves the previous one whole.
+trained weights (with LoRA, the adapters), Adam's state, the iteration, the resolved flags, the
+weights a lagging sampler still samples with, and every random state (Python's, NumPy's, torch's,
+the prompt sampler's: one file per process). It is written to a new folder, then named the latest:
+a kill mid-write leaves the previous one whole.
 """
 
 import os
@@ -39,9 +40,10 @@ class Checkpoints:
     (a second signal stops at once, without one).
     """
 
-    def __init__(self, run_dir: str, model, optimizer, sampler: random.Random, args):
+    def __init__(self, run_dir: str, model, optimizer, rng: random.Random, args, sampler=None):
         self.folder = run_dir
-        self.model, self.optimizer, self.sampler, self.args = model, optimizer, sampler, args
+        self.model, self.optimizer, self.rng, self.args = model, optimizer, rng, args
+        self.sampler = sampler  # the weights that sample (common/sampling.py: Sampler), when not the policy
         self.rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
         self.stop_asked, self.first_signal, self.signal_number = False, None, 0
         self.stopping = False  # a stop was asked on some process: every process stops together
@@ -84,7 +86,8 @@ class Checkpoints:
             os.makedirs(path + ".tmp")
             state = dict(iteration=iteration, args=vars(self.args), method=os.path.basename(sys.argv[0]),
                          processes=self.processes(), weights=None if sharded else self.trained(),
-                         optimizer=None if sharded else self.optimizer.state_dict())
+                         optimizer=None if sharded else self.optimizer.state_dict(),
+                         sampler=self.sampler.state_dict() if self.sampler else {})
             torch.save(state, os.path.join(path + ".tmp", "state.pt"))
         if distributed:
             torch.distributed.barrier()  # the folder exists before the others write into it
@@ -94,7 +97,7 @@ class Checkpoints:
             dcp.save({"weights": weights, "optimizer": optimizer}, checkpoint_id=shards)
         randoms = dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
                        cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-                       sampler=self.sampler.getstate())
+                       sampler=self.rng.getstate())
         torch.save(randoms, os.path.join(path + ".tmp", f"random-{self.rank}.pt"))
         if distributed:
             torch.distributed.barrier()  # every process has written before it is named the latest
@@ -138,7 +141,9 @@ class Checkpoints:
         torch.set_rng_state(randoms["torch"])
         if randoms["cuda"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(randoms["cuda"])
-        self.sampler.setstate(randoms["sampler"])
+        self.rng.setstate(randoms["sampler"])
+        if self.sampler:  # a lagging sampler's weights, or a copy of the weights just restored
+            self.sampler.load_state_dict(state.get("sampler", {}))
         self.iteration = state["iteration"]
         if self.rank == 0:
             print(f"resumed {self.folder} after iteration {self.iteration} ({path})", flush=True)

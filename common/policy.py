@@ -15,7 +15,7 @@ import os
 import shutil
 import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,17 @@ class ModelArgs:
     """recompute activations in the backward pass: less memory, a second forward pass in the update"""
     fsdp: bool = False
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
+    # The sampler: when it is not the trainer (common/EQUATIONS.md: the sampler is not π_θold)
+    sampler_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """sample with a copy of the weights in this dtype, refreshed after every update; None: no copy"""
+    sampler_lag: int = 0
+    """k: sample iteration n with the weights of iteration n − k (a pipeline's staleness); 0: the current"""
+    correction: Optional[Literal["none", "token-tis", "token-mask", "sequence-mask"]] = None
+    """for a sampler μ that is not π_θold: weigh or mask tokens by π_θold/μ; None: token-tis if it is not"""
+    correction_cap: Optional[float] = None
+    """C: token-tis's cap on π_θold/μ, or the masks' band [1/C, C]; None: 2 (sequence-mask: 1.03)"""
+    old_logprobs: Literal["trainer", "sampler"] = "trainer"
+    """π_θold of the ratio: rescored by the trainer, or the sampler's own log-probs (no scoring pass)"""
     # Evaluation and bookkeeping
     eval_every: Optional[int] = None
     """evaluate every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""
@@ -120,6 +131,7 @@ SCALE_DEFAULTS = {
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
 CPU_FEW_SHOT = 3  # the CPU recipe's solved examples, for the tasks of this repository
 CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
+CORRECTION = "token-tis"  # for a sampler that differs from the trainer: truncated importance sampling
 
 
 def on_gpu(args) -> bool:
@@ -152,6 +164,19 @@ def resolve_defaults(args, beta: float) -> list[str]:
     if args.few_shot is None and (embedded or (not gpu and args.task in TASKS)):
         args.few_shot = 0 if embedded else CPU_FEW_SHOT
         lines.append(f"--few-shot {args.few_shot}  ({where})")
+    return lines + resolve_correction(args)
+
+
+def resolve_correction(args) -> list[str]:
+    """--correction and its cap left unset: none when the sampler is the trainer; else the lab's
+    choice (common/results/lab.md: the sampler is not π_θold)."""
+    lines, differs = [], args.sampler_dtype is not None or args.sampler_lag > 0
+    if args.correction is None:
+        args.correction = CORRECTION if differs and args.old_logprobs == "trainer" else "none"
+        if differs:
+            lines.append(f"--correction {args.correction}  (the sampler is not the trainer)")
+    if args.correction_cap is None:
+        args.correction_cap = 1.03 if args.correction == "sequence-mask" else 2.0
     return lines
 
 
@@ -170,6 +195,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
         (args.eval_samples >= 1, "--eval-samples must be >= 1"),
         (args.save_every >= 0, "--save-every must be >= 0 (0: only when stopped)"),
+        (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
+        (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
     ]
     for ok, message in checks:
         if not ok:
@@ -179,6 +206,12 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
     if args.fsdp and processes == 1:
         raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
                          "--nproc_per_node N (N >= 2)")
+    if args.fsdp and (args.sampler_dtype is not None or args.sampler_lag > 0):
+        raise SystemExit("error: --fsdp with --sampler-dtype or --sampler-lag: a sharded model has no whole "
+                         "copy to sample with; use DDP (no --fsdp)")
+    if args.old_logprobs == "sampler" and args.correction not in (None, "none"):
+        raise SystemExit(f"error: --correction {args.correction} with --old-logprobs sampler: π_θold is the "
+                         "sampler's own, so there is nothing to correct")
     if args.fsdp and args.lora_rank > 0:
         raise SystemExit("error: --fsdp with --lora-rank: LoRA's trained state is already small; train the "
                          "adapters with DDP (no --fsdp)")
@@ -228,12 +261,9 @@ def resolve_model_path(model: str) -> str:
 
 
 def disable_dropout(model) -> None:
-    """Every dropout probability of the model to 0 (hub configs have them: gpt2's are 0.1).
-
-    Sampling and the old log-probs run in eval mode, the update in train mode. With dropout on,
-    the first update would score the sampled tokens with another (random) function than the one
-    that sampled them, and the ratio π_θ/π_θold would be noise instead of exactly 1.
-    """
+    """Every dropout probability of the model to 0 (gpt2's are 0.1). Sampling runs in eval mode, the
+    update in train mode: with dropout on, the first update would score the sampled tokens with
+    another (random) function than the one that sampled them: a ratio π_θ/π_θold of noise, not 1."""
     for key, value in model.config.to_dict().items():
         if ("dropout" in key or "pdrop" in key) and isinstance(value, float):
             setattr(model.config, key, 0.0)
@@ -332,12 +362,9 @@ def float32_output_layer(model) -> None:
 
 
 def frozen_weights_to_bfloat16(model) -> None:
-    """Frozen weights of linear layers (LoRA's base, a reference copy) stored in bfloat16 once.
-
-    Autocast would cast them at every forward and every decoding step. Trainable weights and Adam's
-    state stay float32 (small steps would be lost to rounding); embeddings, norms and the float32
-    output layer keep their precision. Needs autocast on, to meet float32 inputs.
-    """
+    """Frozen weights of linear layers (LoRA's base, a reference copy) stored in bfloat16 once, which
+    autocast would cast at every forward. Trainable weights and Adam's state stay float32 (small steps
+    would round away); embeddings, norms, the output layer keep theirs. Needs autocast on."""
     from transformers.pytorch_utils import Conv1D  # GPT-2's linear layers
 
     for module in model.modules():
@@ -359,12 +386,9 @@ def add_lora(model, rank: int, alpha: float):
 
 
 def save_model(model, tokenizer, folder: str, is_main: bool = True) -> None:
-    """Write to a temporary folder, then put it in place of `folder` (a run extended saves again).
-
-    An interrupted save never leaves a half-written model. With LoRA this saves the adapter
-    (PeftModel.from_pretrained(base, folder), then .merge_and_unload()). Under --fsdp every process
-    sends its shards to process 0, which writes a plain Hugging Face folder.
-    """
+    """Write to a temporary folder, then put it in place of `folder` (a run extended saves again): an
+    interrupted save leaves no half-written model. With LoRA: the adapter (PeftModel.from_pretrained).
+    Under --fsdp every process sends its shards to process 0, which writes a plain folder."""
     if is_sharded(model):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         from transformers import AutoModelForCausalLM

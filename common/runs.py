@@ -281,6 +281,9 @@ class IterationLog:
         # the update's own statistics (clip, gate, KL): all but its loss and gradient norm
         update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
+        sampler = getattr(self.args, "sampler_dtype", None) or getattr(self.args, "sampler_lag", 0)
+        if sampler and "charts/sampler_gap_mean" in logged:  # how far the sampler is from π_θold
+            update += f"gap {logged['charts/sampler_gap_mean']:.2g}  "
         print(
             f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
             f"length {logged['charts/response_length']:.1f}  "

@@ -3,10 +3,10 @@
 1. `PromptFormat`: what the model reads (a chat template, or solved examples as text), the tokens
    and the stop string where its answer ends, and the answer's text.
 2. Reading prompts once: `shared_head` finds the tokens every prompt of a batch begins with,
-   `read_prompts` runs that head once and each prompt's tail after it into a KV cache, `embed`
-   looks a pass's tokens up once.
-3. `decoding_cache`: the prefill's keys and values copied per response, in a cache allocated once.
-4. When the sampler is not the trainer: `Sampler` holds the weights that sample (the policy, or a
+   `read_prompts` runs that head once and each prompt's tail after it into a KV cache (the
+   tokens the caller runs next looked up with them), `prefill` readies sampling's cache from it:
+   the keys and values copied per response, in a cache allocated once (`decoding_cache`).
+3. When the sampler is not the trainer: `Sampler` holds the weights that sample (the policy, or a
    copy in another dtype, or weights k updates old), and `correct` weighs or masks the update's
    tokens for it (common/EQUATIONS.md: the sampler is not π_θold).
 
@@ -14,6 +14,7 @@ The draw of a token and the decoding loop are in the group files: they define π
 """
 
 import collections
+import contextlib
 import copy
 import math
 import random
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.processes import global_fraction, global_max
+from common.processes import global_fraction, global_max, whole_weights
 from common.tasks import EVAL_SEED
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
@@ -167,16 +168,15 @@ def shared_head(prompt_ids: Tensor, prompt_mask: Tensor) -> int:
     return int((heads == heads[:1]).all(dim=0).int().cumprod(dim=0).sum())
 
 
-def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep: int = 1,
-                 prompt_embeds: Optional[Tensor] = None):
+def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, then: Optional[Tensor] = None):
     """Left-padded prompts [B, P] through the model into a KV cache, their shared head run once.
 
     The H tokens every prompt begins with (shared_head) run as a batch of one; their keys and
     values are copied B times, and each prompt's tail continues from them: every token sees what it
     would see in its whole prompt, at the same positions. Returns the model's output (the cache,
-    the last `logits_to_keep` logits) and the cache's attention mask [B, H + the longest tail]: 1 on
-    the head, then each tail right-aligned after its left padding (0). `prompt_embeds` [B, P, d]:
-    the prompts' input embeddings, when the caller looked them up (see `embed`).
+    the last position's logits), the cache's attention mask [B, H + the longest tail] (1 on the
+    head, then each tail right-aligned after its left padding, 0), and the input embeddings of
+    `then`, the token ids the caller runs next: looked up with the prompts' (see `embed`), or None.
     """
     head = shared_head(prompt_ids, prompt_mask)
     lengths = prompt_mask.sum(dim=1, keepdim=True)  # [B, 1]
@@ -184,8 +184,10 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep:
     columns = torch.arange(width, device=prompt_mask.device)
     tail_mask = (columns >= width - (lengths - head)).to(prompt_mask.dtype)  # [B, width]
     attention_mask = torch.cat([prompt_mask.new_ones(len(prompt_mask), head), tail_mask], dim=1)
-    # the tokens, as ids [B, P] or as the caller's embeddings [B, P, d], sliced alike
-    key, inputs = ("input_ids", prompt_ids) if prompt_embeds is None else ("inputs_embeds", prompt_embeds)
+    # the tokens, as ids [B, P] or as embeddings [B, P, d] looked up with `then`'s, sliced alike
+    key, inputs, then_embeds = "input_ids", prompt_ids, None
+    if then is not None:
+        key, (inputs, then_embeds) = "inputs_embeds", embed(model, prompt_ids, then)
     cache = None
     if head > 0:
         start = prompt_ids.shape[1] - int(lengths[0])
@@ -203,9 +205,22 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, logits_to_keep:
         position_ids=position_ids(attention_mask)[:, head:],
         past_key_values=cache,
         use_cache=True,
-        logits_to_keep=logits_to_keep,
+        logits_to_keep=1,
     )
-    return output, attention_mask
+    return output, attention_mask, then_embeds
+
+
+def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int, new_tokens: int):
+    """Sampling's start: prompts [B, P] read once (read_prompts), for `repeats` responses each.
+
+    Returns the next token's logits [B * repeats, vocab] in float32, a cache of the prompts' keys
+    and values, each row `repeats` times, with room for `new_tokens` more (decoding_cache), and its
+    attention mask [B * repeats, cached columns], to which each decoding step adds a column.
+    """
+    output, attention_mask, _ = read_prompts(model, prompt_ids, prompt_mask)
+    cache = decoding_cache(model, output.past_key_values, repeats, new_tokens)
+    logits = output.logits[:, -1].float().repeat_interleave(repeats, dim=0)
+    return logits, cache, attention_mask.repeat_interleave(repeats, dim=0)
 
 
 def embed(model, *token_ids: Tensor) -> list[Tensor]:
@@ -261,8 +276,8 @@ class Sampler:
         self.policy, self.lag = policy, lag
         self.copy = None
         self.history = collections.deque(maxlen=lag + 1)  # trained weights, oldest first
-        if dtype is None and lag == 0:
-            return  # the sampler is the trainer
+        if dtype in (None, "float32") and lag == 0:
+            return  # the sampler is the trainer (float32 is its own: a GPU's autocast runs on float32 weights)
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         if dtype is not None:
             self.copy.to(getattr(torch, dtype))
@@ -271,6 +286,14 @@ class Sampler:
     @property
     def model(self):
         return self.policy if self.copy is None else self.copy
+
+    @contextlib.contextmanager
+    def ready(self):
+        """The model that samples, in eval mode; under --fsdp the policy gathered whole meanwhile: a
+        process whose responses end early would otherwise wait in a collective the others never join."""
+        with whole_weights(self.policy):  # nothing without --fsdp (which refuses a copy)
+            self.model.eval()
+            yield self.model
 
     def trained(self) -> dict:
         return {name: p.detach() for name, p in self.policy.named_parameters() if p.requires_grad}

@@ -62,6 +62,14 @@ def fixed_rollout(module, model, num_groups: int = 4, seed: int = 1, no_signal: 
     return module.Rollout(prompt_ids, prompt_mask, responses, mask, advantages, old_logprobs, ref_logprobs)
 
 
+def as_samples(module, rollout):
+    """The rollout's batch as the Samples that scoring reads: no response cut, and a sampler whose own log-probs
+    (and entropies) are 0, so that a response no pass scores shows as 0."""
+    zeros = torch.zeros_like(rollout.mask)
+    return module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask,
+                          torch.zeros(len(rollout.mask), dtype=torch.bool), zeros, zeros.clone())
+
+
 def rows_of(module, rollout, groups):
     """The rollout of the groups `groups` (a list or a slice of group indices), in that order."""
     groups = torch.arange(len(rollout.prompt_ids))[groups]

@@ -17,7 +17,7 @@ import gspo
 import sapo
 from common import policy, sampling
 from common.tasks import TASKS
-from fixed_rollouts import draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
+from fixed_rollouts import as_samples, draw_epochs, fixed_rollout, tiny_gpt2, update, update_args
 from hub_like_models import make_model_folder
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
@@ -93,7 +93,7 @@ def test_first_minibatch_ratio_is_one_under_bf16_autocast(name):
     rollout = fixed_rollout(module, model, num_groups=4)
     args = update_args(module, num_minibatches=4, beta=0.0)
     epochs = draw_epochs(rollout, args)
-    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
+    samples = as_samples(module, rollout)
     old, _ = module.score_responses(model, None, samples, epochs[0], args, BF16_PASSES)
     rollout = rollout._replace(old_logprobs=old, ref_logprobs=None)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
@@ -216,7 +216,7 @@ def test_old_logprobs_are_scored_in_the_passes_of_the_first_epoch(name, micro_ba
                                                                                      index, responses, *rest))
     args = update_args(module, micro_batch_size=micro_batch_size, num_minibatches=2, beta=0.0)
     epochs = draw_epochs(rollout, args)
-    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
+    samples = as_samples(module, rollout)
     module.score_responses(model, None, samples, epochs[0], args, FLOAT32)
     scoring = list(calls)
     calls.clear()

@@ -41,7 +41,7 @@ F64 = torch.float64
 
 # What a reader must see in each file to follow the method, kept verbatim so that `diff grpo.py X` shows only X's
 # method. (What is not the method lives once in common/: policy, sampling, processes, runs, checkpoints.)
-SHARED = ["kl_penalty", "reference_model", "reference_scoring", "Forward", "sample_token", "response_logits",
+SHARED = ["kl_penalty", "reference_model", "Forward", "sample_token", "response_logits",
           "Samples", "token_logprobs", "logprobs_of", "response_mask", "sample", "evaluate", "Rollout",
           "score_responses"]
 RUNTIME = [checkpoints, policy, processes, runs, sampling]

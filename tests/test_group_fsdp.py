@@ -17,7 +17,7 @@ import grpo
 import gspo
 import sapo
 from conftest import ROOT
-from fixed_rollouts import draw_epochs, fixed_rollout, forward_of, sgd_step, tiny_gpt2, update_args
+from fixed_rollouts import as_samples, draw_epochs, fixed_rollout, forward_of, sgd_step, tiny_gpt2, update_args
 from test_group_distributed import assert_same_parameters
 from test_group_runs import scalars, weights
 
@@ -65,8 +65,7 @@ def test_after_scoring_the_clip_and_the_logged_norm_are_the_one_process_ones(mod
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     torch.manual_seed(2)
     epochs = draw_epochs(rollout, args)
-    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None,
-                             None)
+    samples = as_samples(module, rollout)
     module.score_responses(model, None, samples, epochs[0], args, forward_of(module, args))
     stats = module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
     expected = {name: p.detach().clone() for name, p in model.named_parameters()}

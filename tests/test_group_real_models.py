@@ -17,6 +17,7 @@ import sapo
 from common import policy, processes, sampling
 from common.tasks import TASKS
 from conftest import ROOT
+from fixed_rollouts import as_samples
 from hub_like_models import ARCHITECTURES, make_model_folder
 
 MODULES = [grpo, dr_grpo, dapo, gspo, sapo]
@@ -165,7 +166,7 @@ def test_the_head_every_prompt_shares_runs_once_with_the_log_probs_and_gradient_
     hook = model.register_forward_pre_hook(lambda m, a, kwargs: widths.append(kwargs["input_ids"].shape),
                                            with_kwargs=True)
     with torch.no_grad():
-        prefill, _ = sampling.read_prompts(model, prompt_ids, prompt_mask)
+        prefill, _, _ = sampling.read_prompts(model, prompt_ids, prompt_mask)
         whole = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=sampling.position_ids(prompt_mask))
     head_tokens = sampling.shared_head(prompt_ids, prompt_mask)
     assert widths[0] == ((1, head_tokens) if head_tokens else prompt_ids.shape)  # the head, once
@@ -285,7 +286,7 @@ def test_lora_trains_only_the_adapters_and_the_reference_is_the_starting_model(l
     # After the step the policy has moved, and π_ref (adapters off) is still exactly the starting model.
     again = rollout_for(grpo, model, ref_model, tokenizer, args)
     assert not torch.allclose(again.old_logprobs, again.ref_logprobs)
-    samples = grpo.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None, None)
+    samples = as_samples(grpo, rollout)
     _, ref_after = grpo.score_responses(model, ref_model, samples, one_pass(samples), args,
                                         FORWARD)
     torch.testing.assert_close(ref_after, rollout.old_logprobs, atol=1e-6, rtol=0)

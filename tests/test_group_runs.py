@@ -58,9 +58,16 @@ def stop_after(monkeypatch):
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-@pytest.mark.parametrize("name, lora", [(name, False) for name in GROUP] + [("grpo", True)])  # LoRA: shared plumbing
-def test_a_run_stopped_and_resumed_is_the_uninterrupted_run(name, lora, in_process, stop_after):
-    flags = FLAGS + (["--lora-rank", "2", "--learning-rate", "1e-3"] if lora else [])
+# The shared plumbing once each: LoRA, a sampler 2 updates behind (its weights travel in the checkpoint), a bfloat16
+# sampler (its copy rebuilt from the restored weights).
+EXTRA = {"lora": ["--lora-rank", "2", "--learning-rate", "1e-3"], "lag": ["--sampler-lag", "2"],
+         "bf16": ["--sampler-dtype", "bfloat16"]}
+
+
+@pytest.mark.parametrize("name, extra", [(name, None) for name in GROUP] + [("grpo", "lora"), ("grpo", "lag"),
+                                                                            ("dapo", "bf16")])
+def test_a_run_stopped_and_resumed_is_the_uninterrupted_run(name, extra, in_process, stop_after):
+    flags = FLAGS + EXTRA.get(extra, [])
     straight, _ = in_process(name, flags, subdir="straight")
     stop_after(2)
     stopped, out = in_process(name, flags, subdir="stopped")
@@ -140,7 +147,7 @@ def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoin
     monkeypatch.setattr(checkpoints.sys, "argv", ["grpo.py"])
     handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
     os.makedirs("runs/run")
-    stops = checkpoints.Checkpoints("runs/run", model=None, optimizer=None, sampler=None, args=None)
+    stops = checkpoints.Checkpoints("runs/run", model=None, optimizer=None, rng=None, args=None)
     try:
         stops._ask_to_stop(signal.SIGINT, None)
         stops.first_signal -= 3  # the second comes later than torchrun's echo of the first

@@ -28,8 +28,8 @@ import dr_grpo
 import grpo
 import gspo
 import sapo
-from fixed_rollouts import (TEMPERATURE, direct_logprobs, direct_step, draw_epochs, fixed_rollout, forward_of, rows_of,
-                            sgd_step, tiny_gpt2, update, update_args)
+from fixed_rollouts import (TEMPERATURE, as_samples, direct_logprobs, direct_step, draw_epochs, fixed_rollout,
+                            forward_of, rows_of, sgd_step, tiny_gpt2, update, update_args)
 from common import policy, processes, runs, sampling
 
 MODULES = {"grpo": grpo, "dr_grpo": dr_grpo, "dapo": dapo, "gspo": gspo, "sapo": sapo}
@@ -60,8 +60,10 @@ def k_estimator(logp, ref, estimator):
     return {"k1": -log_r, "k2": 0.5 * log_r ** 2, "k3": torch.exp(log_r) - log_r - 1}[estimator]
 
 
-def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, estimator="k3", **hp):
-    """The negated objective of each method, written out with Python loops over responses and tokens."""
+def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, estimator="k3", weights=None, **hp):
+    """The negated objective of each method, written out with Python loops over responses and tokens; `weights`: a
+    correction's per-token weights (eq. 125), on each token's policy term (GSPO: their geometric mean on the
+    response's)."""
     lengths = [int(mask[i].sum()) for i in range(mask.shape[0])]
     real = [[t for t in range(mask.shape[1]) if mask[i, t] > 0] for i in range(mask.shape[0])]
     per_response, total_tokens = [], sum(lengths)
@@ -72,7 +74,8 @@ def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, esti
         if name == "gspo":  # eq. (107), (109): one geometric-mean ratio per response, clipped per response
             s = torch.exp(sum(logprobs[i, t] - old[i, t] for t in tokens) / len(tokens))
             clipped = torch.clamp(s, 1 - hp["clip_eps_low"], 1 + hp["clip_eps_high"])
-            per_response.append(torch.minimum(s * a, clipped * a) - beta * sum(kl) / len(tokens))
+            w = 1.0 if weights is None else torch.exp(sum(torch.log(weights[i, t]) for t in tokens) / len(tokens))
+            per_response.append(torch.minimum(s * a, clipped * a) * w - beta * sum(kl) / len(tokens))
             continue
         terms = []
         for t, kl_t in zip(tokens, kl):
@@ -84,7 +87,7 @@ def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, esti
                 low, high = ((hp["clip_eps"], hp["clip_eps"]) if "clip_eps" in hp
                              else (hp["clip_eps_low"], hp["clip_eps_high"]))
                 term = torch.minimum(r * a, torch.clamp(r, 1 - low, 1 + high) * a)
-            terms.append(term - beta * kl_t)
+            terms.append(term * (1.0 if weights is None else weights[i, t]) - beta * kl_t)
         if name == "dapo":  # eq. (102): every token of the batch weighs 1 / Σ T_i
             per_response.append(sum(terms) / total_tokens)
         elif name == "dr_grpo":  # eq. (100): sum over the response's tokens / T_max
@@ -146,6 +149,27 @@ def test_loss_is_the_papers_formula(name, beta, estimator):
         # the data must tell the bounds (or temperatures, or T_max) apart, or the comparison proves little
         swapped_loss, swapped_grad = value_and_grad(lambda x: paper(x, **SWAPPED[name]), logprobs)
         assert not torch.allclose(swapped_grad, expected_grad, rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_corrections_weights_are_taken_where_the_formula_says(name):
+    """A sampler that is not π_θold: policy_loss with per-token weights (common/sampling.py: correct, token-tis) is the
+    formula with each token's policy term weighed (GSPO: the response's, by the geometric mean of its tokens'
+    weights), the KL term not; weights of 1 change nothing."""
+    module, hp = MODULES[name], HPARAMS[name]
+    logprobs, old, advantages, mask, ref = random_batch(3)
+    weights = 0.3 + 1.7 * torch.rand(mask.shape, generator=torch.Generator().manual_seed(4), dtype=F64)
+
+    def code(x, w):
+        return module.policy_loss(x, old, advantages, mask, ref_logprobs=ref, beta=0.1, weights=w, **hp)
+
+    loss, grad = value_and_grad(lambda x: code(x, weights), logprobs)
+    expected_loss, expected_grad = value_and_grad(
+        lambda x: formula_loss(name, x, old, advantages, mask, ref=ref, beta=0.1, weights=weights, **hp), logprobs)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    assert code(logprobs, torch.ones_like(mask)) == code(logprobs, None)
+    assert not torch.allclose(loss, code(logprobs, None))
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -389,7 +413,8 @@ def test_a_minibatch_without_signal_skips_its_passes_and_steps_on_zeros(name):
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_pass_looks_its_tokens_up_once(name):
     """A pass runs the shared head, the tails and the responses as three model calls, but looks their tokens up in
-    the embedding matrix once (sampling.embed): that matrix (49,152 × 576 for SmolLM2, tied to the output layer) then
+    the embedding matrix once (sampling.read_prompts): that matrix (49,152 × 576 for SmolLM2, tied to the output
+    layer) then
     gets one dense gradient per pass, not one per call for the backward pass to add up."""
     module = MODULES[name]
     model = tiny_gpt2()
@@ -452,9 +477,7 @@ def test_with_beta_0_only_the_groups_with_signal_go_through_the_model(name, micr
 
 def score(module, model, ref_model, rollout, args):
     """score_responses on the rollout's samples, in the passes of a first epoch drawn as the main loop draws it."""
-    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask,
-                             torch.zeros(len(rollout.responses), dtype=torch.bool), torch.zeros_like(rollout.mask),
-                             torch.zeros_like(rollout.mask))
+    samples = as_samples(module, rollout)
     return module.score_responses(model, ref_model, samples, draw_epochs(rollout, args)[0], args,
                                   forward_of(module, args))
 

@@ -21,7 +21,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from common import processes, runs  # noqa: E402
-from fixed_rollouts import draw_epochs, fixed_rollout, forward_of, shard, tiny_gpt2, update, update_args  # noqa: E402
+from fixed_rollouts import (as_samples, draw_epochs, fixed_rollout, forward_of, shard, tiny_gpt2,  # noqa: E402
+                            update, update_args)
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -53,8 +54,7 @@ def scored_and_clipped_step(module, args) -> tuple[dict, list]:
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     torch.manual_seed(2)
     epochs = draw_epochs(rollout, args)
-    samples = module.Samples(rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask, None, None,
-                             None)
+    samples = as_samples(module, rollout)
     module.score_responses(model, None, samples, epochs[0], args, forward_of(module, args))
     stats = module.update_policy(model, optimizer, rollout, epochs, args, forward_of(module, args))
     return whole(model), stats["grad_norm"]

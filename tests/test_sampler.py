@@ -1,0 +1,181 @@
+"""When the sampler is not the trainer (common/sampling.py: Sampler, correct; common/EQUATIONS.md, eq. 124-128):
+the weights that sample at iteration n are those of iteration n − k, a copy in another dtype follows every update,
+each correction's weights and masks are those of its formula written out here token by token (every group file's
+loss takes them where its method says: tests/test_group_update.py), and the default sampler changes no number."""
+
+import math
+import types
+
+import pytest
+import torch
+
+import grpo
+from common import sampling
+from fixed_rollouts import as_samples, draw_epochs, fixed_rollout, forward_of, tiny_gpt2, update_args
+from test_group_runs import FLAGS, scalars
+
+# ---------------------------------------------------------------- the weights that sample
+
+def set_weights(model, value: float) -> None:
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(value)
+
+
+@pytest.mark.parametrize("lag", [0, 1, 3])
+def test_a_lagging_sampler_samples_with_the_weights_of_k_updates_ago(lag):
+    """Iteration n's weights are v_n (the policy's after n − 1 updates): the sampler holds v_max(1, n − k), and its
+    saved state brings them back in a new sampler."""
+    policy = tiny_gpt2()
+    set_weights(policy, 1.0)
+    sampler = sampling.Sampler(policy, lag=lag)
+    assert (sampler.model is policy) == (lag == 0)
+    for n in range(1, 7):
+        expected = float(max(1, n - lag))
+        assert all(torch.all(p == expected) for p in sampler.model.parameters()), (n, lag)
+        if n == 4:  # a checkpoint: a fresh sampler of the same policy picks the run up
+            again = sampling.Sampler(policy, lag=lag)
+            again.load_state_dict(sampler.state_dict())
+            assert all(torch.equal(a, b) for a, b in zip(again.model.parameters(), sampler.model.parameters()))
+        set_weights(policy, n + 1.0)  # the update of iteration n
+        sampler.refresh()
+    assert all(p.requires_grad for p in policy.parameters())  # the copy is frozen, the policy is not
+
+
+def test_a_sampler_copy_in_another_dtype_follows_every_update():
+    policy = tiny_gpt2()
+    sampler = sampling.Sampler(policy, dtype="bfloat16")
+    assert sampler.model is not policy and all(p.dtype == torch.bfloat16 for p in sampler.model.parameters())
+    set_weights(policy, 0.5)
+    sampler.refresh()
+    assert all(torch.all(p == 0.5) for p in sampler.model.parameters())
+    assert sampler.state_dict() == {}  # nothing to save: the copy is rebuilt from the policy's weights
+    set_weights(policy, 0.25)
+    sampler.load_state_dict({})  # as after a resume
+    assert all(torch.all(p == 0.25) for p in sampler.model.parameters())
+
+
+def test_the_default_sampler_is_the_policy_and_no_correction_touches_the_rollout(in_process):
+    """A float32 sampler at lag 0 is the trainer itself (no copy), and `correct` with no correction hands the update its
+    rollout as it was: every logged number of a run with those flags typed is the default run's."""
+    assert sampling.Sampler(tiny_gpt2(), dtype="float32").copy is None
+    rollout, sampler, _ = hand_batch()
+    same, _ = sampling.correct(rollout, sampler, "none", 2.0)
+    assert same.mask is rollout.mask and same.weights is None
+    flags = FLAGS[:-2] + ["--beta", "0"]
+    default, _ = in_process("grpo", flags, subdir="default")
+    typed, out = in_process("grpo", flags + ["--sampler-dtype", "float32", "--sampler-lag", "0", "--correction",
+                                             "none"], subdir="typed")
+    assert "gap " in out  # the console shows the gap when a sampler flag is typed
+    expected, actual = scalars(default), scalars(typed)
+    assert actual == expected and len(expected) > 40
+
+
+# ---------------------------------------------------------------- the corrections, by their formulas
+
+def hand_batch():
+    """3 responses of up to 4 tokens (the last token of row 1 is padding), π_θold and μ chosen so that each
+    correction acts: ratios far above and below the bands, and one response without signal (Â = 0)."""
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    sampler = torch.full((3, 4), -1.0)
+    log_rho = torch.tensor([[0.0, 1.5, -1.0, 0.2], [0.01, -0.02, 0.005, 9.0], [0.5, 0.5, 0.0, 0.0]])
+    old = sampler + log_rho
+    advantages = torch.tensor([1.0, -0.5, 0.0])
+    rollout = types.SimpleNamespace(mask=mask, old_logprobs=old, advantages=advantages, weights=None)
+    rollout._replace = lambda **kw: types.SimpleNamespace(**{**vars(rollout), **kw})
+    return rollout, sampler, log_rho
+
+
+def test_truncated_importance_sampling_weighs_each_token_by_its_ratio_up_to_the_cap():
+    rollout, sampler, log_rho = hand_batch()
+    corrected, figures = sampling.correct(rollout, sampler, "token-tis", 2.0)
+    for i in range(3):
+        for t in range(4):
+            if rollout.mask[i, t]:
+                assert corrected.weights[i, t].item() == pytest.approx(min(math.exp(log_rho[i, t].item()), 2.0))
+    assert torch.equal(corrected.mask, rollout.mask)  # truncation keeps every token
+    # the figures: over the 7 tokens of the two responses with signal
+    ratios = [math.exp(x) for x in (0.0, 1.5, -1.0, 0.2, 0.01, -0.02, 0.005)]
+    assert figures["charts/is_ratio_mean"] == pytest.approx(sum(ratios) / 7)
+    assert figures["charts/is_ratio_max"] == pytest.approx(max(ratios))
+    assert figures["charts/is_ratio_min"] == pytest.approx(min(ratios))
+    assert figures["charts/is_truncated_fraction"] == pytest.approx(1 / 7)  # e^1.5 > 2
+    assert figures["charts/is_masked_fraction"] == 0.0
+
+
+def test_a_token_mask_drops_the_tokens_outside_the_band():
+    rollout, sampler, log_rho = hand_batch()
+    corrected, figures = sampling.correct(rollout, sampler, "token-mask", 2.0)
+    expected = rollout.mask * ((log_rho >= -math.log(2.0)) & (log_rho <= math.log(2.0)))
+    assert torch.equal(corrected.mask, expected) and corrected.weights is None
+    assert corrected.mask[0].tolist() == [1.0, 0.0, 0.0, 1.0]  # ratios e^1.5 and e^-1 are outside [1/2, 2]
+    assert figures["charts/is_masked_fraction"] == pytest.approx(2 / 7)
+    assert figures["charts/is_masked_response_fraction"] == 0.0  # no response lost every token
+
+
+def test_a_sequence_mask_drops_whole_responses_whose_geometric_mean_ratio_leaves_the_band():
+    rollout, sampler, log_rho = hand_batch()
+    # geometric means: row 0 exp(0.7 / 4), row 1 exp(-0.005 / 3) (its padding's 9.0 not counted), row 2 exp(0.5)
+    corrected, figures = sampling.correct(rollout, sampler, "sequence-mask", 1.03)
+    assert corrected.mask[0].sum() == 0 and torch.equal(corrected.mask[1], rollout.mask[1])
+    assert corrected.mask[2].sum() == 0
+    assert figures["charts/is_masked_response_fraction"] == pytest.approx(1 / 2)  # of the 2 with signal
+    assert figures["charts/is_masked_fraction"] == pytest.approx(4 / 7)
+    wider, _ = sampling.correct(rollout, sampler, "sequence-mask", math.exp(0.18))  # row 0's 0.175 fits now
+    assert torch.equal(wider.mask[0], rollout.mask[0]) and wider.mask[2].sum() == 0
+
+
+def test_no_correction_changes_nothing_and_logs_nothing():
+    rollout, sampler, _ = hand_batch()
+    corrected, figures = sampling.correct(rollout, sampler, "none", 2.0)
+    assert corrected.weights is None and torch.equal(corrected.mask, rollout.mask) and figures == {}
+
+
+# ---------------------------------------------------------------- π_θold from the sampler ("bypass")
+
+def test_with_the_samplers_log_probs_as_pi_old_no_scoring_pass_runs():
+    model = tiny_gpt2()
+    rollout = fixed_rollout(grpo, model)
+    samples = as_samples(grpo, rollout)._replace(logprobs=rollout.old_logprobs)
+    calls = []
+    hook = model.register_forward_hook(lambda *a: calls.append(1))
+    for source, scored in (("sampler", 0), ("trainer", 1)):
+        calls.clear()
+        args = update_args(grpo, beta=0.0, old_logprobs=source)
+        old, _ = grpo.score_responses(model, None, samples, draw_epochs(rollout, args)[0], args,
+                                      forward_of(grpo, args))
+        assert (len(calls) > 0) == bool(scored)
+        if source == "sampler":
+            assert torch.equal(old, rollout.old_logprobs)  # μ itself
+    hook.remove()
+
+
+# ---------------------------------------------------------------- what the flags refuse, in one line
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(sampler_lag=-1), "error: --sampler-lag must be >= 0"),
+    (dict(correction_cap=1.0), "error: --correction-cap must be > 1"),
+    (dict(old_logprobs="sampler", correction="token-tis"), "error: --correction token-tis with --old-logprobs"),
+])
+def test_bad_sampler_flags_give_one_line(fields, message):
+    from common import policy
+
+    args = grpo.Args(**fields)
+    with pytest.raises(SystemExit) as e:
+        policy.resolve_defaults(args, beta=grpo.BETA)
+        grpo.check_args(args)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_the_correction_defaults_to_truncated_importance_sampling_when_the_sampler_differs():
+    from common import policy
+
+    for fields, expected in ((dict(), "none"), (dict(sampler_lag=1), "token-tis"),
+                             (dict(sampler_dtype="bfloat16"), "token-tis"),
+                             (dict(sampler_lag=1, old_logprobs="sampler"), "none")):
+        args = grpo.Args(**fields)
+        policy.resolve_defaults(args, beta=grpo.BETA)
+        assert args.correction == expected, fields
+    args = grpo.Args(correction="sequence-mask")
+    policy.resolve_defaults(args, beta=grpo.BETA)
+    assert args.correction_cap == 1.03
