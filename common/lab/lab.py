@@ -5,6 +5,7 @@
     python -m common.lab clip-higher        # DAPO with a symmetric clip vs its ε_high: entropy and accuracy
     python -m common.lab dynamic-sampling   # GRPO vs DAPO: zero-signal groups, accuracy per generated sample
     python -m common.lab off-policy         # 16 minibatch steps per rollout: GRPO vs GSPO vs SAPO
+    python -m common.lab sampler-mismatch   # a bfloat16 or a stale sampler, and the corrections for it
     python -m common.lab toy-pathologies    # the two toy failures behind trust regions (exact + Monte Carlo)
     python -m common.lab all                # everything above, one after the other
     python -m common.lab sharpen-or-teach --models BASE TRAINED ...   # pass@k before and after RL (passk.py)
@@ -90,6 +91,21 @@ EXPERIMENTS = {
         "stability of accuracy.",
         [("grpo", "grpo.py", []), ("gspo", "gspo.py", []), ("sapo", "sapo.py", [])],
         ["--num-iterations", "40", "--num-minibatches", "16", "--beta", "0", "--learning-rate", "1e-3"],
+    ),
+    "sampler-mismatch": Experiment(
+        "Fast RL stacks sample with a bfloat16 copy of the weights, or with weights k updates old (an "
+        "asynchronous pipeline): the responses come from μ, not π_θold. What does the mismatch cost, and what "
+        "does each correction buy (EQUATIONS.md, eq. 124-128): truncated importance weights, a token mask, a "
+        "sequence mask, or μ itself as π_old? grpo.py at a learning rate high enough for staleness to matter.",
+        [("float32, lag 0", "grpo.py", [])]
+        + [(f"{sampler}, {name}", "grpo.py", flags + fix)
+           for sampler, flags in (("bf16", ["--sampler-dtype", "bfloat16"]), ("lag 1", ["--sampler-lag", "1"]),
+                                  ("lag 4", ["--sampler-lag", "4"]))
+           for name, fix in (("none", ["--correction", "none"]), ("token-tis", ["--correction", "token-tis"]),
+                             ("token-mask", ["--correction", "token-mask"]),
+                             ("sequence-mask", ["--correction", "sequence-mask"]),
+                             ("π_old = μ", ["--old-logprobs", "sampler"]))],
+        ["--num-iterations", "30", "--beta", "0", "--learning-rate", "1e-3", "--eval-samples", "4"],
     ),
 }
 TOY = "toy-pathologies"
@@ -276,6 +292,19 @@ def key_numbers(name, results):
                  else window_mean(r, "charts/zero_signal_fraction", last=10) for r in runs])
             add("responses generated in the run",
                 [sum(samples_per_iteration(r, s) for s in series(r, "charts/reward")[0]) for r in runs])
+        if name == "sampler-mismatch":
+            add("held-out pass@1 of 4, end (mean of last 2 evaluations)",
+                [window_mean(r, "charts/pass@1", last=2) for r in runs])
+            add("sampler gap |log μ − log π_θold|, mean (median over iterations)",
+                [statistics.median(series(r, "charts/sampler_gap_mean")[1] or [float("nan")]) for r in runs])
+            add("sampler gap, largest token (median over iterations)",
+                [statistics.median(series(r, "charts/sampler_gap_max")[1] or [float("nan")]) for r in runs])
+            for tag, what in (("is_ratio_min", "ratio π_θold/μ, smallest"), ("is_ratio_max", "ratio π_θold/μ, largest"),
+                              ("is_masked_fraction", "share of tokens masked"),
+                              ("is_masked_response_fraction", "share of responses masked")):
+                if f"charts/{tag}" in runs[0]:
+                    add(f"{what} (median over iterations)",
+                        [statistics.median(series(r, f"charts/{tag}")[1]) for r in runs])
         if name == "off-policy":
             tag = "losses/gate" if label == "sapo" else "losses/clipfrac"
             what = "mean gate (1 = on-policy)" if label == "sapo" else "clip fraction"
@@ -340,6 +369,17 @@ def panels(name, results):
             activity[label + (" (1 − mean gate)" if label == "sapo" else " (clip fraction)")] = (steps, med, low, high)
         return [("clip / gate activity", "share", "iteration", activity),
                 ("gradient norm (before clipping)", "norm", "iteration", per_arm("losses/grad_norm")), accuracy]
+    if name == "sampler-mismatch":
+        reference = "float32, lag 0"
+        rows = []
+        for sampler in ("bf16", "lag 1", "lag 4"):
+            arms = [reference] + [label for label in results if label.startswith(sampler + ",")]
+            curves = {label: band(results[label], "charts/pass@1", window=1) for label in arms}
+            rows.append((f"{sampler} sampler: held-out pass@1", "pass@1 (4 samples)", "iteration", curves))
+        gaps = {label: band(runs, "charts/sampler_gap_mean")
+                for label, runs in results.items() if label.endswith(", none") or label == reference}
+        rows.append(("sampler gap (no correction)", "mean |log μ − log π_θold|", "iteration", gaps))
+        return rows
     raise KeyError(name)
 
 
@@ -351,14 +391,19 @@ def plot(name, results, path):
     except ImportError:
         raise SystemExit("error: the lab's figures need matplotlib: pip install matplotlib")
     rows = panels(name, results)
-    colors = {arm: f"C{i}" for i, arm in enumerate(results)}  # one colour per arm in every panel
-    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8))
+    colors = {arm: f"C{i % 10}" for i, arm in enumerate(results)}  # one colour per arm in every panel
+    if name == "sampler-mismatch":  # one colour per correction, whichever the sampler
+        kinds = ["lag 0", "none", "token-tis", "token-mask", "sequence-mask", "π_old = μ"]
+        colors = {arm: f"C{kinds.index(arm.split(', ')[1])}" for arm in results}
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8 if len(rows) < 4 else 4.6))
     for ax, (title, ylabel, xlabel, curves) in zip(axes, rows):
         for label, (x, med, low, high) in curves.items():
             color = colors[label.split(" (")[0]] if label.split(" (")[0] in colors else colors[label]
             ax.plot(x, med, label=label, color=color, linestyle="--" if "(trained)" in label else "-")
             ax.fill_between(x, low, high, alpha=0.2, color=color)
         ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        if "gap" in title:
+            ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{name}: median and range over {len(next(iter(results.values())))} seeds", fontsize=11)
