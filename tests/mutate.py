@@ -78,7 +78,8 @@ GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are 
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
     "common/runs.py": ["rollout_stats", "sampler_gap"],
-    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "decoding_cache"],
+    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "decoding_cache",
+                           "correct"],
     "common/policy.py": ["state_bytes", "pass_size"],
 }
 COMMON = list(COMMON_FUNCTIONS)
@@ -104,8 +105,8 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
                "and not torchrun"]
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
-    **{f: GROUP_TESTS[:-2] + ["tests/test_common.py", "tests/test_group_prompts.py", "tests/test_group_real_models.py",
-                              "tests/test_scale.py", "-k", GROUP_TESTS[-1]
+    **{f: GROUP_TESTS[:-2] + ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_prompts.py",
+                              "tests/test_group_real_models.py", "tests/test_scale.py", "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
