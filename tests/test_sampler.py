@@ -111,6 +111,12 @@ def test_a_token_mask_drops_the_tokens_outside_the_band():
     assert corrected.mask[0].tolist() == [1.0, 0.0, 0.0, 1.0]  # ratios e^1.5 and e^-1 are outside [1/2, 2]
     assert figures["charts/is_masked_fraction"] == pytest.approx(2 / 7)
     assert figures["charts/is_masked_response_fraction"] == 0.0  # no response lost every token
+    # the band is closed: a token whose ratio is exactly C or 1/C stays (log C as float32 rounds it)
+    at_the_bounds = torch.tensor([[0.0, math.log(2.0), -math.log(2.0), 0.0]])
+    edge = types.SimpleNamespace(mask=torch.ones(1, 4), old_logprobs=at_the_bounds, advantages=torch.ones(1),
+                                 weights=None)
+    edge._replace = lambda **kw: types.SimpleNamespace(**{**vars(edge), **kw})
+    assert sampling.correct(edge, torch.zeros(1, 4), "token-mask", 2.0)[0].mask.tolist() == [[1.0] * 4]
 
 
 def test_a_sequence_mask_drops_whole_responses_whose_geometric_mean_ratio_leaves_the_band():
