@@ -80,10 +80,14 @@ def hand_batch():
     sampler = torch.full((3, 4), -1.0)
     log_rho = torch.tensor([[0.0, 1.5, -1.0, 0.2], [0.01, -0.02, 0.005, 9.0], [0.5, 0.5, 0.0, 0.0]])
     old = sampler + log_rho
-    advantages = torch.tensor([1.0, -0.5, 0.0])
-    rollout = types.SimpleNamespace(mask=mask, old_logprobs=old, advantages=advantages, weights=None)
+    return as_rollout(mask, old, advantages=torch.tensor([1.0, -0.5, 0.0])), sampler, log_rho
+
+
+def as_rollout(mask, old_logprobs, advantages):
+    """What `correct` reads of the update's rollout, and its NamedTuple's _replace."""
+    rollout = types.SimpleNamespace(mask=mask, old_logprobs=old_logprobs, advantages=advantages, weights=None)
     rollout._replace = lambda **kw: types.SimpleNamespace(**{**vars(rollout), **kw})
-    return rollout, sampler, log_rho
+    return rollout
 
 
 def test_truncated_importance_sampling_weighs_each_token_by_its_ratio_up_to_the_cap():
@@ -113,9 +117,7 @@ def test_a_token_mask_drops_the_tokens_outside_the_band():
     assert figures["charts/is_masked_response_fraction"] == 0.0  # no response lost every token
     # the band is closed: a token whose ratio is exactly C or 1/C stays (log C as float32 rounds it)
     at_the_bounds = torch.tensor([[0.0, math.log(2.0), -math.log(2.0), 0.0]])
-    edge = types.SimpleNamespace(mask=torch.ones(1, 4), old_logprobs=at_the_bounds, advantages=torch.ones(1),
-                                 weights=None)
-    edge._replace = lambda **kw: types.SimpleNamespace(**{**vars(edge), **kw})
+    edge = as_rollout(torch.ones(1, 4), at_the_bounds, advantages=torch.ones(1))
     assert sampling.correct(edge, torch.zeros(1, 4), "token-mask", 2.0)[0].mask.tolist() == [[1.0] * 4]
 
 
