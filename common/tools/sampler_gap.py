@@ -69,9 +69,9 @@ def main(argv=None) -> None:
     n = args.prompts * args.group_size
     first_epoch = [processes.Minibatch(torch.arange(n), list(torch.arange(n).split(args.micro_batch_size)))]
     no_autocast, bf16_autocast = torch.autocast("cpu", enabled=False), torch.autocast("cpu", dtype=torch.bfloat16)
+    copies = {name: sampling.Sampler(model, name.split()[0]).model for name in args.samplers if "copy" in name}
     samplers = {"float32": (model, no_autocast), "bfloat16 autocast": (model, bf16_autocast),
-                "bfloat16 copy": (sampling.Sampler(model, "bfloat16").model, no_autocast),
-                "float16 copy": (sampling.Sampler(model, "float16").model, no_autocast)}
+                **{name: (copy, no_autocast) for name, copy in copies.items()}}
     print("| seed | sampler | mean gap | largest gap | tokens drawn | sampling s | scoring s |")
     print("|---|---|---|---|---|---|---|")
     for seed in args.seeds:
