@@ -264,8 +264,12 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
     """
     prompt_ids, prompt_mask = prompt_format.encode(questions, device)  # [B, P], left-padded
     eos_ids = torch.tensor(prompt_format.eos_ids, device=device)
-    # Prefill: each prompt read once, its keys and values copied for its G responses
-    logits, cache, attention_mask = sampling.prefill(model, prompt_ids, prompt_mask, num_samples, args.max_new_tokens)
+    # Prefill: each prompt read once, its keys and values copied for its G responses. `decode` is the
+    # model, or its forward compiled (--compile-decoding): the same tokens.
+    logits, cache, attention_mask, decode = sampling.prefill(
+        model, prompt_ids, prompt_mask, repeats=num_samples, new_tokens=args.max_new_tokens,
+        compiled=args.compile_decoding)
+    prefilled = int(cache.get_seq_length())  # the prompts' columns: step s fills column prefilled + s
     next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
     ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
     greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(questions))
@@ -282,8 +286,8 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
         if ended.all():
             break
         # Decode: the new token of every response, its keys and values written into the cache.
-        attention_mask = F.pad(attention_mask, (0, 1), value=1)
-        logits = model(
+        attention_mask[:, prefilled + step] = 1
+        logits = decode(
             input_ids=tokens[-1].unsqueeze(1),
             attention_mask=attention_mask,
             position_ids=next_position + step,

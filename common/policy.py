@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.processes import is_sharded
+from common.sampling import resolve_correction
 from common.tasks import TASKS, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +55,9 @@ class ModelArgs:
     """recompute activations in the backward pass: less memory, a second forward pass in the update"""
     fsdp: bool = False
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
+    # Speed
+    compile_decoding: bool = False
+    """compile the decoding step (torch.compile; CUDA graphs on a GPU): the same tokens, compiled in seconds"""
     # The sampler: when it is not the trainer (common/EQUATIONS.md: the sampler is not π_θold)
     sampler_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     """sample with a copy of the weights in this dtype, refreshed after every update; None: no copy"""
@@ -131,7 +135,6 @@ SCALE_DEFAULTS = {
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
 CPU_FEW_SHOT = 3  # the CPU recipe's solved examples, for the tasks of this repository
 CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
-CORRECTION = "token-tis"  # for a sampler that differs from the trainer: truncated importance sampling
 
 
 def on_gpu(args) -> bool:
@@ -167,19 +170,6 @@ def resolve_defaults(args, beta: float) -> list[str]:
     return lines + resolve_correction(args)
 
 
-def resolve_correction(args) -> list[str]:
-    """--correction and its cap left unset: none when the sampler is the trainer; else the lab's
-    choice (common/results/lab.md: the sampler is not π_θold)."""
-    lines, differs = [], args.sampler_dtype is not None or args.sampler_lag > 0
-    if args.correction is None:
-        args.correction = CORRECTION if differs and args.old_logprobs == "trainer" else "none"
-        if differs:
-            lines.append(f"--correction {args.correction}  (the sampler is not the trainer)")
-    if args.correction_cap is None:
-        args.correction_cap = 1.03 if args.correction == "sequence-mask" else 2.0
-    return lines
-
-
 def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
     """One clear line for a bad flag, before anything heavy is loaded: the shared, then the method's.
 
@@ -206,9 +196,9 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
     if args.fsdp and processes == 1:
         raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
                          "--nproc_per_node N (N >= 2)")
-    if args.fsdp and (args.sampler_dtype is not None or args.sampler_lag > 0):
-        raise SystemExit("error: --fsdp with --sampler-dtype or --sampler-lag: a sharded model has no whole "
-                         "copy to sample with; use DDP (no --fsdp)")
+    if args.fsdp and (args.sampler_dtype is not None or args.sampler_lag > 0 or args.compile_decoding):
+        raise SystemExit("error: --fsdp with --sampler-dtype, --sampler-lag or --compile-decoding: a sharded model "
+                         "samples itself, gathered anew each time; use DDP (no --fsdp)")
     if args.old_logprobs == "sampler" and args.correction not in (None, "none"):
         raise SystemExit(f"error: --correction {args.correction} with --old-logprobs sampler: π_θold is the "
                          "sampler's own, so there is nothing to correct")
@@ -476,6 +466,14 @@ def pass_size(minibatch: int, group_size: int, per_response: float, budget: floa
     return max([n for n in sizes if n * per_response <= budget], default=1)
 
 
+def refuse_what_does_not_fit(budget: float, per_response: float, state: float, gpu_memory) -> None:
+    if gpu_memory is not None and budget < per_response:  # one line, not an out-of-memory error
+        raise SystemExit(f"error: the training state ({state / 2**30:.1f} GiB) leaves less than a pass of one "
+                         f"response (an estimated {per_response / 2**30:.1f} GiB, twice over: sampling) in 90 % of "
+                         f"the card's {gpu_memory / 2**30:.0f} GiB: train LoRA adapters (--lora-rank 16), shard "
+                         "over cards (--fsdp), or lower --max-new-tokens")
+
+
 def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int, list[str]]:
     """--micro-batch-size, or left unset: the most responses per pass that fit the memory budget (the
     step is the same at any size: gradient accumulation), with the console's line of arithmetic."""
@@ -489,6 +487,7 @@ def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int,
     gpu_memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     state = model_state_bytes(model, ref_model, processes) if gpu_memory else 0.0
     budget = pass_budget(gpu_memory, state)
+    refuse_what_does_not_fit(budget, per_response, state, gpu_memory)
     size = pass_size(minibatch, args.group_size, per_response, budget)
     return size, [f"--micro-batch-size {size}  (responses per pass: the most of the minibatch of {minibatch} "
                   f"within {budget / 2**30:.1f} GiB, at an estimated {per_response / 2**20:,.0f} MB each for "

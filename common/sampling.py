@@ -5,7 +5,8 @@
 2. Reading prompts once: `shared_head` finds the tokens every prompt of a batch begins with,
    `read_prompts` runs that head once and each prompt's tail after it into a KV cache (the
    tokens the caller runs next looked up with them), `prefill` readies sampling's cache from it:
-   the keys and values copied per response, in a cache allocated once (`decoding_cache`).
+   the keys and values copied per response, in a cache allocated once (`decoding_cache`);
+   `compiled_step` is the model's forward compiled for a decoding step (--compile-decoding).
 3. When the sampler is not the trainer: `Sampler` holds the weights that sample (the policy, or a
    copy in another dtype, or weights k updates old), and `correct` weighs or masks the update's
    tokens for it (common/EQUATIONS.md: the sampler is not π_θold).
@@ -16,8 +17,10 @@ The draw of a token and the decoding loop are in the group files: they define π
 import collections
 import contextlib
 import copy
+import functools
 import math
 import random
+import weakref
 from typing import Optional
 
 import torch
@@ -210,17 +213,25 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, then: Optional[
     return output, attention_mask, then_embeds
 
 
-def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int, new_tokens: int):
+def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int, new_tokens: int,
+            compiled: bool = False):
     """Sampling's start: prompts [B, P] read once (read_prompts), for `repeats` responses each.
 
     Returns the next token's logits [B * repeats, vocab] in float32, a cache of the prompts' keys
     and values, each row `repeats` times, with room for `new_tokens` more (decoding_cache), and its
-    attention mask [B * repeats, cached columns], to which each decoding step adds a column.
+    attention mask [B * repeats, the cache's columns]: 0 on the columns the decoding steps fill, and
+    the decoding step: `model`, or with `compiled` its forward compiled (compiled_step), the columns
+    then rounded up to a multiple of COMPILED_COLUMNS (few shapes, few compilations).
     """
     output, attention_mask, _ = read_prompts(model, prompt_ids, prompt_mask)
-    cache = decoding_cache(model, output.past_key_values, repeats, new_tokens)
+    columns = attention_mask.shape[1] + new_tokens
+    if compiled:
+        columns = math.ceil(columns / COMPILED_COLUMNS) * COMPILED_COLUMNS
+    cache = decoding_cache(model, output.past_key_values, repeats, columns)
     logits = output.logits[:, -1].float().repeat_interleave(repeats, dim=0)
-    return logits, cache, attention_mask.repeat_interleave(repeats, dim=0)
+    attention_mask = F.pad(attention_mask, (0, columns - attention_mask.shape[1]), value=0)
+    decode = compiled_step(model) if compiled else model
+    return logits, cache, attention_mask.repeat_interleave(repeats, dim=0), decode
 
 
 def embed(model, *token_ids: Tensor) -> list[Tensor]:
@@ -235,24 +246,48 @@ def embed(model, *token_ids: Tensor) -> list[Tensor]:
     return [part.view(*ids.shape, -1) for part, ids in zip(parts, token_ids)]
 
 
-def decoding_cache(model, prefill_cache, repeats: int, new_tokens: int):
-    """The prefill's keys and values, each row `repeats` times, in a cache with room for
-    `new_tokens` more columns, allocated once (transformers' StaticCache).
+def decoding_cache(model, prefill_cache, repeats: int, columns: int):
+    """The prefill's keys and values, each row `repeats` times, in a cache of `columns` columns,
+    allocated once (transformers' StaticCache): a decoding step writes its keys and values in place,
+    where a growing cache (DynamicCache) copies itself whole at every step.
 
-    A decoding step writes its keys and values in place, where a growing cache (DynamicCache)
-    copies itself whole at every step. Under bfloat16 autocast a step's keys and values need not
-    have the prefill's dtype, which a StaticCache cannot take in place: there the cache grows.
+    Under bfloat16 autocast the prefill's values can be float32 (its cache upcasts what it joins)
+    and a step's bfloat16: each layer then casts what a step writes to its dtype, exactly.
     """
     from transformers import StaticCache
 
-    if torch.is_autocast_enabled("cuda") or torch.is_autocast_enabled("cpu"):
-        prefill_cache.batch_repeat_interleave(repeats)
-        return prefill_cache
-    cache = StaticCache(config=model.config, max_cache_len=prefill_cache.get_seq_length() + new_tokens)
+    cache = StaticCache(config=model.config, max_cache_len=columns)
     for layer, filled in zip(cache.layers, prefill_cache.layers):
         layer.update(filled.keys.repeat_interleave(repeats, dim=0),
                      filled.values.repeat_interleave(repeats, dim=0))
+        if torch.is_autocast_enabled(filled.keys.device.type):
+            layer.update = casting_update(layer)
     return cache
+
+
+def casting_update(layer):
+    """A static cache layer's update that first casts the keys and values to the layer's dtypes."""
+    update = layer.update
+
+    def cast_and_update(keys: Tensor, values: Tensor, *args, **kwargs):
+        return update(keys.to(layer.keys.dtype), values.to(layer.values.dtype), *args, **kwargs)
+    return cast_and_update
+
+
+def compiled_step(model):
+    """`model`'s forward compiled for the decoding steps (gpt-fast's recipe: the static cache above,
+    one token per step, CUDA graphs on a GPU), called as `model` is: the same tokens as eager.
+
+    Compiled at the first call (seconds), again for each new number of rows or cache width.
+    """
+    if model not in _compiled:
+        mode = "reduce-overhead" if next(model.parameters()).is_cuda else None  # CUDA graphs
+        _compiled[model] = torch.compile(type(model).forward, mode=mode, dynamic=False)
+    return functools.partial(_compiled[model], model)
+
+
+COMPILED_COLUMNS = 64
+_compiled = weakref.WeakKeyDictionary()  # model -> its compiled forward (holds no reference to it)
 
 
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:
@@ -323,6 +358,20 @@ class Sampler:
 
 
 CORRECTIONS = ("none", "token-tis", "token-mask", "sequence-mask")
+CORRECTION = "token-tis"  # for a sampler that differs from the trainer: truncated importance sampling
+
+
+def resolve_correction(args) -> list[str]:
+    """--correction and its cap left unset: none when the sampler is the trainer; else the lab's
+    choice (common/results/lab.md: the sampler is not π_θold)."""
+    lines, differs = [], args.sampler_dtype is not None or args.sampler_lag > 0
+    if args.correction is None:
+        args.correction = CORRECTION if differs and args.old_logprobs == "trainer" else "none"
+        if differs:
+            lines.append(f"--correction {args.correction}  (the sampler is not the trainer)")
+    if args.correction_cap is None:
+        args.correction_cap = 1.03 if args.correction == "sequence-mask" else 2.0
+    return lines
 
 
 def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):

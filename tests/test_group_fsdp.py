@@ -120,9 +120,15 @@ def test_fsdp_without_torchrun_is_one_line(argv, message, in_process):
     assert str(e.value) == message
 
 
-def test_fsdp_with_lora_is_one_line(in_process, monkeypatch):
+@pytest.mark.parametrize("argv, message", [
+    (["--lora-rank", "4"], "error: --fsdp with --lora-rank: LoRA's trained state is already small; train the "
+                           "adapters with DDP (no --fsdp)"),
+    *[(flags, "error: --fsdp with --sampler-dtype, --sampler-lag or --compile-decoding: a sharded model samples "
+               "itself, gathered anew each time; use DDP (no --fsdp)")
+      for flags in (["--compile-decoding"], ["--sampler-lag", "1"], ["--sampler-dtype", "bfloat16"])],
+])
+def test_fsdp_with_lora_or_a_sampler_of_its_own_is_one_line(argv, message, in_process, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(SystemExit) as e:
-        in_process("grpo", ["--fsdp", "--lora-rank", "4"])
-    assert str(e.value) == ("error: --fsdp with --lora-rank: LoRA's trained state is already small; train the "
-                            "adapters with DDP (no --fsdp)")
+        in_process("grpo", ["--fsdp", *argv])
+    assert str(e.value) == message

@@ -50,6 +50,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # The real configurations (from their config.json on the hub), with which AutoConfig.for_model builds them.
 CONFIGS = {
     "gpt2-tiny": ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=256, vocab_size=1000)),  # for a quick try
+    "qwen2.5-tiny": ("qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=1000, max_position_embeddings=2048,
+                                   tie_word_embeddings=True)),  # the GPU check's dry run
     "gpt2-124m": ("gpt2", dict(n_embd=768, n_layer=12, n_head=12, n_positions=1024, vocab_size=50257)),
     "qwen2.5-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                    num_attention_heads=14, num_key_value_heads=2,

@@ -1,0 +1,74 @@
+"""The GPU check's dry run (common/tools/gpu_check.py): tiny shapes on the CPU, so that the tool a lent GPU runs
+once, without a second try, works before a GPU is there. The steps run here in the test's process (the
+tool runs each in its own); the tool's own orchestration runs its cheapest step."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common.tools import gpu_check
+from common.tools.scale import build_model
+from conftest import ROOT
+
+SHAPES = gpu_check.SHAPES["dry"]
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("models") / SHAPES["numerics"])
+    build_model(SHAPES["numerics"], folder)
+    return {SHAPES["numerics"]: folder}
+
+
+def rows(table: list[str]) -> list[list[str]]:
+    """The cells of a markdown table's body rows."""
+    return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table if line.startswith("| ")][1:]
+
+
+def test_numerics_of_the_recipe_against_float32_for_every_file(folders):
+    """Under bfloat16 autocast with the float32 output layer: the first step's ratio is 1 exactly in every file,
+    the sampler gap is bfloat16's rounding (small, not 0), the step close to float32's."""
+    table = rows(gpu_check.step_numerics(SHAPES, folders))
+    assert [row[0] for row in table] == [f"{name}.py" for name in gpu_check.MODULES]
+    for name, log_ratio, gap_mean, gap_max, relative in table:
+        assert float(log_ratio) == 0.0, name
+        assert 0 < float(gap_mean) <= float(gap_max) < 0.1, name
+        assert 0 < float(relative) < 0.1, name
+
+
+def test_the_embedded_run_scale_run_and_generation_report_their_figures(folders):
+    (embedded, cpu) = rows(gpu_check.step_embedded(SHAPES, folders))
+    assert embedded[1] == "2" and float(embedded[2]) > 0 and 0 <= float(embedded[3].split()[0]) <= 1
+    ((model, size, estimated, _, *seconds),) = rows(gpu_check.step_scale(SHAPES, folders))
+    assert model == SHAPES["numerics"] and int(size) >= 1 and estimated.endswith("(passes only)")
+    assert all(float(value) > 0 for value in seconds)
+    eager, compiled, generate = rows(gpu_check.step_generation(SHAPES, folders)[2:])
+    assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(generate[1]) > 0
+    assert compiled[1] == "not in the dry run"  # its tokens: tests/test_group_real_models.py
+
+
+def test_the_refusals_are_one_line_each(folders):
+    lines = gpu_check.step_refusals(SHAPES, folders)
+    assert len(lines) == 2 and all(": error: " in line and "\n" not in line for line in lines)
+    assert "--micro-batch-size must be >= 1 and divide the minibatch" in lines[0]
+    assert "the training state (113.5 GiB) leaves less than a pass of one response" in lines[1]
+
+
+def test_the_tool_runs_each_step_in_a_process_and_writes_the_tables(tmp_path):
+    out = tmp_path / "gpu.md"
+    result = subprocess.run([sys.executable, "-m", "common.tools.gpu_check", "--dry-run", "--steps", "machine",
+                             "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = out.read_text()
+    assert report.startswith("# The GPU check (dry run: tiny shapes on the CPU)")
+    assert "## machine" in report and "| 2." in report and "failed" not in report
+
+
+def test_without_a_gpu_the_check_says_so_in_one_line():
+    result = subprocess.run([sys.executable, "-m", "common.tools.gpu_check"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 1 and result.stderr.strip().splitlines() == [
+        "error: no GPU here; `python -m common.tools.gpu_check --dry-run` runs tiny shapes on the CPU"]
