@@ -28,6 +28,7 @@ from common.processes import global_mean, is_sharded
 # Flags a resumed run may change: the others are the run's own.
 MAY_CHANGE_ON_RESUME = (
     "resume", "num_iterations", "save_every", "eval_every", "eval_size", "eval_samples", "cuda",
+    "track", "wandb_project_name", "wandb_entity",
 )
 
 

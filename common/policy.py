@@ -90,6 +90,12 @@ class ModelArgs:
     """a run's folder to resume from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
+    track: bool = False
+    """also log to Weights & Biases (pip install wandb): the TensorBoard scalars and the run's flags"""
+    wandb_project_name: str = "policy-gradients"
+    """the Weights & Biases project of --track"""
+    wandb_entity: Optional[str] = None
+    """the Weights & Biases team or user of --track; None: your default one"""
 
 
 def model_folder(model: str) -> Optional[str]:

@@ -10,6 +10,7 @@
 """
 
 import contextlib
+import importlib.util
 import io
 import math
 import os
@@ -65,6 +66,8 @@ def parse_args(args_class):
         raise SystemExit(f"error: {tyro_error_line(errors.getvalue())}") from None
     if resume is not None:
         refuse_changed_flags(saved["args"], args)
+    if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
+        raise SystemExit("error: --track logs to Weights & Biases, which is not installed: pip install wandb")
     return args
 
 
@@ -160,6 +163,11 @@ class IterationLog:
             except OSError as e:
                 raise SystemExit(f"error: cannot write the run's folder {self.folder} ({e.strerror}): run from "
                                  "a folder you can write to (runs/ is made in the current folder)")
+            if args.track:  # CleanRL's --track: W&B mirrors the TensorBoard scalars (started first)
+                import wandb
+
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                           name=os.path.basename(self.folder), dir=self.folder, sync_tensorboard=True)
             # a resumed run drops what the interrupted one logged after its checkpoint
             self.writer = SummaryWriter(self.folder, purge_step=first_iteration if first_iteration > 1 else None)
             table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
@@ -308,6 +316,10 @@ class IterationLog:
     def close(self) -> None:
         if self.is_main:
             self.writer.close()
+            if self.args.track:
+                import wandb
+
+                wandb.finish()
 
 
 # ---------------------------------------------------- what an iteration's samples look like

@@ -5,6 +5,7 @@ checkpoint interrupted while written leaves the previous one whole; one-line err
 unwritable folder, no checkpoint); the status line of a long phase; pass@k; the run's name; the warning when
 nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
 
+import glob
 import io
 import os
 import re
@@ -389,3 +390,28 @@ def test_the_first_lines_say_what_each_process_holds(lora, in_process):
     else:
         assert weights == pytest.approx(base * 4 / 2**20, abs=0.06) and gradients == weights
     assert adam == pytest.approx(2 * gradients, abs=0.15) and total == pytest.approx(weights + 3 * gradients, abs=0.3)
+
+
+def test_track_logs_the_scalars_and_the_flags_to_weights_and_biases_offline(in_process, monkeypatch):
+    """CleanRL's --track: W&B mirrors the TensorBoard scalars and records the run's flags (WANDB_MODE=offline: the
+    run is written to runs/<run>/wandb for a later `wandb sync`, nothing leaves the machine)."""
+    pytest.importorskip("wandb")  # requirements.txt installs it; a user without it gets the line below
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run_dir, _ = in_process("grpo", ["--num-iterations", "1", "--eval-size", "4", "--track",
+                                     "--wandb-project-name", "pg-test-project"])
+    (offline,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    data = open(offline, "rb").read()
+    assert b"pg-test-project" in data and b"wandb_project_name" in data  # the project, and the flags as config
+    for tag in (b"charts/reward", b"charts/sampler_gap_mean", b"losses/policy_loss"):
+        assert tag in data, tag
+
+
+def test_track_without_wandb_installed_is_one_line(in_process, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else find_spec(name, *a))
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", ["--track"])
+    assert str(e.value) == "error: --track logs to Weights & Biases, which is not installed: pip install wandb"
