@@ -163,7 +163,7 @@ class IterationLog:
             except OSError as e:
                 raise SystemExit(f"error: cannot write the run's folder {self.folder} ({e.strerror}): run from "
                                  "a folder you can write to (runs/ is made in the current folder)")
-            if args.track:  # CleanRL's --track: W&B mirrors the TensorBoard scalars (started first)
+            if getattr(args, "track", False):  # CleanRL's --track: W&B mirrors the TensorBoard scalars (started first)
                 import wandb
 
                 wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
@@ -316,7 +316,7 @@ class IterationLog:
     def close(self) -> None:
         if self.is_main:
             self.writer.close()
-            if self.args.track:
+            if getattr(self.args, "track", False):
                 import wandb
 
                 wandb.finish()
