@@ -22,8 +22,9 @@ line when it fails or runs out of time, and the next step begins.
    iterations, the first warming up): the pass size chosen, the memory estimate beside the measured
    peak (torch.cuda.max_memory_allocated), seconds per phase, generated tokens per second.
 5. generation: one iteration's batch on Qwen2.5-0.5B's configuration: `sample` eager and compiled
-   (--compile-decoding: the compile seconds, and whether it wrote the eager tokens) against Hugging
-   Face's `generate` (the same batch, sampling at temperature 1, no top-k).
+   (--compile-decoding: the compile seconds, and the share of responses whose tokens are eager's:
+   its float32 rounding differs, so a rare draw can flip) against Hugging Face's `generate` (the
+   same batch, sampling at temperature 1, no top-k).
 6. refusals that stay one line on a GPU: a pass size that does not divide the minibatch, and
    Qwen2.5-7B fully fine-tuned on one card (its training state leaves no room for a pass).
 """
@@ -49,7 +50,7 @@ SHAPES = {
     "gpu": dict(numerics="qwen2.5-0.5b", scale=["qwen2.5-0.5b", "qwen2.5-1.5b"], generation="qwen2.5-0.5b",
                 B=32, G=8, T=256, compile=True, embedded=[], scale_flags=["--num-iterations", "3"]),
     "dry": dict(numerics="qwen2.5-tiny", scale=["qwen2.5-tiny"], generation="qwen2.5-tiny", B=4, G=4, T=8,
-                compile=False, embedded=["--num-iterations", "2", "--eval-size", "8"],
+                compile=False, embedded=["--num-iterations", "1", "--eval-size", "8"],
                 scale_flags=["--num-iterations", "2", "--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
 }
 STEP_SECONDS = {"machine": 60, "numerics": 120, "embedded": 150, "scale": 240, "generation": 180, "refusals": 60}
@@ -220,7 +221,7 @@ def step_generation(shapes, folders) -> list[str]:
     if shapes["compile"]:
         _, first_call = timed(lambda: draw(True))
         compiled, compiled_seconds = timed(lambda: draw(True))
-        same = "yes" if torch.equal(eager.responses, compiled.responses) else "NO"
+        same = f"{(eager.responses == compiled.responses).all(dim=1).float().mean():.1%} of the responses"
         compiled_row = (f"| sample, --compile-decoding | {compiled_seconds:.2f} | "
                         f"{eager.responses.numel() / compiled_seconds:,.0f} | {first_call:.1f} s | {same} |")
     else:  # tests/test_group_real_models.py checks its tokens; compiling costs the suite a minute
@@ -232,7 +233,7 @@ def step_generation(shapes, folders) -> list[str]:
         min_new_tokens=shapes["T"], pad_token_id=prompt_format.pad_id))
     tokens = eager.responses.numel()
     return [f"{shapes['B']} prompts × {shapes['G']} responses × {shapes['T']} tokens ({shapes['generation']}):", "",
-            "| decoding | seconds | tokens / s | first call (compiles) | same tokens as eager |",
+            "| decoding | seconds | tokens / s | first call (compiles) | eager's tokens |",
             "|---|---|---|---|---|",
             f"| sample, eager | {eager_seconds:.2f} | {tokens / eager_seconds:,.0f} | - | - |",
             compiled_row,
@@ -251,7 +252,7 @@ def step_refusals(shapes, folders) -> list[str]:
 
     lines = []
     try:
-        args = grpo.Args(model=folders[shapes["numerics"]], micro_batch_size=24)
+        args = grpo.Args(micro_batch_size=24)  # the embedded model: nothing is loaded
         policy.resolve_defaults(args, beta=grpo.BETA)
         grpo.check_args(args, world_size=1)
         lines.append("- --micro-batch-size 24: NOT refused")
@@ -297,13 +298,14 @@ def main() -> None:
     report = [f"# The GPU check ({'dry run: tiny shapes on the CPU' if args.dry_run else 'one GPU'})", ""]
     with tempfile.TemporaryDirectory() as models:
         folders = {}
-        for name in {shapes["numerics"], *shapes["scale"], shapes["generation"]}:
+        needs = {"numerics": [shapes["numerics"]], "scale": shapes["scale"], "generation": [shapes["generation"]]}
+        for name in sorted({name for step in args.steps for name in needs.get(step, [])}):
             folders[name] = os.path.join(models, name)
             build_model(name, folders[name])
         for step in args.steps:
             start = time.time()
             command = [sys.executable, "-m", "common.tools.gpu_check", "--step", step,
-                       "--folders", ";".join(f"{k}={v}" for k, v in folders.items()),
+                       "--folders", ";".join(f"{k}={v}" for k, v in folders.items()) or "none=none",
                        *(["--dry-run"] if args.dry_run else [])]
             try:
                 result = subprocess.run(command, cwd=ROOT, text=True, capture_output=True,
