@@ -265,7 +265,7 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
     prompt_ids, prompt_mask = prompt_format.encode(questions, device)  # [B, P], left-padded
     eos_ids = torch.tensor(prompt_format.eos_ids, device=device)
     # Prefill: each prompt read once, its keys and values copied for its G responses. `decode` is the
-    # model, or its forward compiled (--compile-decoding): the same tokens.
+    # model, or its forward compiled (--compile-decoding: the same step, up to float32 rounding).
     logits, cache, attention_mask, decode = sampling.prefill(
         model, prompt_ids, prompt_mask, repeats=num_samples, new_tokens=args.max_new_tokens,
         compiled=args.compile_decoding)

@@ -64,7 +64,7 @@ class ModelArgs:
     sampler_lag: int = 0
     """k: sample iteration n with the weights of iteration n − k (a pipeline's staleness); 0: the current"""
     correction: Optional[Literal["none", "token-tis", "token-mask", "sequence-mask"]] = None
-    """for a sampler μ that is not π_θold: weigh or mask tokens by π_θold/μ; None: token-tis if it is not"""
+    """for a sampler μ that is not π_θold: weigh or mask tokens by π_θold/μ; None: sequence-mask if it is not"""
     correction_cap: Optional[float] = None
     """C: token-tis's cap on π_θold/μ, or the masks' band [1/C, C]; None: 2 (sequence-mask: 1.03)"""
     old_logprobs: Literal["trainer", "sampler"] = "trainer"

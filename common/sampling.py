@@ -358,7 +358,7 @@ class Sampler:
 
 
 CORRECTIONS = ("none", "token-tis", "token-mask", "sequence-mask")
-CORRECTION = "token-tis"  # for a sampler that differs from the trainer: truncated importance sampling
+CORRECTION = "sequence-mask"  # for a sampler that differs: the lab's choice (common/results/lab.md)
 
 
 def resolve_correction(args) -> list[str]:

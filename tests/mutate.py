@@ -106,7 +106,8 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
     **{f: GROUP_TESTS[:-2] + ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_prompts.py",
-                              "tests/test_group_real_models.py", "tests/test_scale.py", "-k", GROUP_TESTS[-1]
+                              "tests/test_group_real_models.py", "tests/test_group_bf16.py", "tests/test_scale.py",
+                              "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",

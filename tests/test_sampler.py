@@ -175,15 +175,19 @@ def test_bad_sampler_flags_give_one_line(fields, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_the_correction_defaults_to_truncated_importance_sampling_when_the_sampler_differs():
+def test_the_correction_defaults_to_the_sequence_mask_when_the_sampler_differs():
+    """The lab's choice (common/results/lab.md: the sampler is not π_θold), with its band of 1.03."""
     from common import policy
 
-    for fields, expected in ((dict(), "none"), (dict(sampler_lag=1), "token-tis"),
-                             (dict(sampler_dtype="bfloat16"), "token-tis"),
+    for fields, expected in ((dict(), "none"), (dict(sampler_lag=1), "sequence-mask"),
+                             (dict(sampler_dtype="bfloat16"), "sequence-mask"),
                              (dict(sampler_lag=1, old_logprobs="sampler"), "none")):
         args = grpo.Args(**fields)
         policy.resolve_defaults(args, beta=grpo.BETA)
         assert args.correction == expected, fields
-    args = grpo.Args(correction="sequence-mask")
+    args = grpo.Args(sampler_lag=1)
     policy.resolve_defaults(args, beta=grpo.BETA)
     assert args.correction_cap == 1.03
+    args = grpo.Args(correction="token-tis")
+    policy.resolve_defaults(args, beta=grpo.BETA)
+    assert args.correction_cap == 2.0
