@@ -354,6 +354,15 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('grpo.py', 'drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)', '* → /'):
         'equivalent within rounding: the total of a softmax is 1 to float32 precision, so U · total and U / total '
         'differ by ~1e-7 of U; the product is what keeps u below the total, and the clamp after it is tested',
+    **{('common/sampling.py', 'log_rho = (rollout.old_logprobs - sampler_logprobs).clamp(-20.0, 20.0) * (mask > 0)',
+        mutation):
+       'harmless: the clamp only keeps exp finite; ±40 does too in float32, and every weight or mask it feeds is '
+       'capped or banded far inside e^±20' for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
+    ('common/sampling.py', 'geometric = log_rho.sum(dim=1) / (mask > 0).sum(dim=1).clamp(min=1)', '1 → 0'):
+        'equivalent: the floor acts only on a response with no token in the loss, which keeps none either way '
+        '(its NaN mean gives a False band test, times a mask of 0)',
+    ('common/sampling.py', 'if correction == "none" or global_max(tokens) == 0:', '0 → 1'):
+        'harmless: the rollout is corrected before; only the logged figures of a batch with one token of signal go',
     **{('common/sampling.py', 'logits_to_keep=1,', mutation):
        'harmless: only the head\'s keys and values are used; its logits (of 1, 2 or all positions) never are'
        for mutation in ('1 → 0', '1 → 2')},

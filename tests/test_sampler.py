@@ -133,6 +133,21 @@ def test_a_sequence_mask_drops_whole_responses_whose_geometric_mean_ratio_leaves
     assert torch.equal(wider.mask[0], rollout.mask[0]) and wider.mask[2].sum() == 0
 
 
+def test_the_sequence_mask_averages_over_each_responses_own_tokens():
+    """ρ̄_i is the mean over response i's tokens (eq. 127), not over the batch's width nor over at least 2: a 1-token
+    response with log ρ = 0.04 (ρ = 1.041) leaves [1/1.03, 1.03], though 0.04 / 4 columns or 0.04 / 2 would not."""
+    mask = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    sampler = torch.full((2, 4), -1.0)
+    log_rho = torch.tensor([[0.04, 0.0, 0.0, 0.0], [0.02, 0.02, 0.02, 0.02]])
+    rollout = as_rollout(mask, sampler + log_rho, advantages=torch.tensor([1.0, -1.0]))
+    corrected, _ = sampling.correct(rollout, sampler, "sequence-mask", 1.03)
+    assert corrected.mask[0].sum() == 0 and torch.equal(corrected.mask[1], mask[1])
+    # the band is closed: a response whose mean ratio is exactly C or 1/C stays
+    at_the_bounds = torch.tensor([[math.log(2.0), 0.0], [-math.log(2.0), 0.0]])
+    edge = as_rollout(torch.tensor([[1.0, 0.0], [1.0, 0.0]]), at_the_bounds, advantages=torch.ones(2))
+    assert sampling.correct(edge, torch.zeros(2, 2), "sequence-mask", 2.0)[0].mask.tolist() == [[1.0, 0.0]] * 2
+
+
 def test_no_correction_changes_nothing_and_logs_nothing():
     rollout, sampler, _ = hand_batch()
     corrected, figures = sampling.correct(rollout, sampler, "none", 2.0)
