@@ -213,6 +213,10 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, then: Optional[
     return output, attention_mask, then_embeds
 
 
+COMPILED_COLUMNS = 64  # a compiled step's cache width is a multiple of it
+_compiled = weakref.WeakKeyDictionary()  # model -> its compiled forward (holds no reference to it)
+
+
 def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int, new_tokens: int,
             compiled: bool = False):
     """Sampling's start: prompts [B, P] read once (read_prompts), for `repeats` responses each.
@@ -284,10 +288,6 @@ def compiled_step(model):
         mode = "reduce-overhead" if next(model.parameters()).is_cuda else None  # CUDA graphs
         _compiled[model] = torch.compile(type(model).forward, mode=mode, dynamic=False)
     return functools.partial(_compiled[model], model)
-
-
-COMPILED_COLUMNS = 64
-_compiled = weakref.WeakKeyDictionary()  # model -> its compiled forward (holds no reference to it)
 
 
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:

@@ -129,12 +129,6 @@ def step_numerics(shapes, folders) -> list[str]:
     return lines
 
 
-def scalars(run_dir: str) -> dict:
-    from common.tools.scale import scalars as read
-
-    return read(run_dir)
-
-
 def run_script(flags: list[str], timeout: float) -> tuple[str, dict]:
     """`python grpo.py <flags>` in a folder of its own: its console and its TensorBoard scalars."""
     with tempfile.TemporaryDirectory() as cwd:
@@ -143,6 +137,8 @@ def run_script(flags: list[str], timeout: float) -> tuple[str, dict]:
         if result.returncode != 0:
             tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
             raise RuntimeError(f"grpo.py {' '.join(flags)} failed: {' '.join(tail)}")
+        from common.tools.scale import scalars
+
         runs = os.listdir(os.path.join(cwd, "runs"))
         return result.stdout, scalars(os.path.join(cwd, "runs", runs[0]))
 
