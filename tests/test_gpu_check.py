@@ -51,9 +51,11 @@ def test_the_embedded_run_scale_run_and_generation_report_their_figures(folders)
 
 def test_the_refusals_are_one_line_each(folders):
     lines = gpu_check.step_refusals(SHAPES, folders)
-    assert len(lines) == 2 and all(": error: " in line and "\n" not in line for line in lines)
+    assert len(lines) == 3 and all(": error: " in line and "\n" not in line for line in lines)
     assert "--micro-batch-size must be >= 1 and divide the minibatch" in lines[0]
+    # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments)
     assert "the training state (113.5 GiB) leaves less than a pass of one response" in lines[1]
+    assert "the training state (220.1 GiB) leaves less than a pass of one response" in lines[2]
 
 
 def test_the_tool_runs_each_step_in_a_process_and_writes_the_tables(tmp_path):
@@ -73,3 +75,14 @@ def test_without_a_gpu_the_check_says_so_in_one_line(monkeypatch):
         gpu_check.main()
     assert str(e.value) == ("error: no GPU here; `python -m common.tools.gpu_check --dry-run` runs tiny shapes on "
                             "the CPU")
+
+
+def test_a_missing_requirement_is_named_before_any_step(monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tyro" else find_spec(name, *a))
+    monkeypatch.setattr(sys, "argv", ["gpu_check"])
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main()
+    assert str(e.value) == "error: tyro not installed: pip install -r requirements.txt first"

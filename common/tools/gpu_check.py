@@ -2,7 +2,7 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check                                # one GPU: about 6 minutes on an H100
+    python -m common.tools.gpu_check                                # one GPU: at most 9 minutes (7 seen on an H200)
     python -m common.tools.gpu_check --out common/results/gpu.md    # the tables also written to a file
     python -m common.tools.gpu_check --dry-run                      # tiny shapes on the CPU: the suite runs it
 
@@ -18,7 +18,7 @@ line when it fails or runs out of time, and the next step begins.
    gradient direction: alike rows say the files' code paths agree, not that their math does.
 3. embedded: `python grpo.py` with no flag: seconds per iteration and the held-out accuracy at the
    end, beside the CPU's.
-4. scale: Qwen2.5-0.5B's and -1.5B's configurations under grpo.py with the GPU defaults (3
+4. scale: Qwen2.5-0.5B's and -1.5B's configurations under grpo.py with the GPU defaults (2
    iterations, the first warming up): the pass size chosen, the memory estimate beside the measured
    peak (torch.cuda.max_memory_allocated), seconds per phase, generated tokens per second.
 5. generation: one iteration's batch on Qwen2.5-0.5B's configuration: `sample` eager and compiled
@@ -26,7 +26,7 @@ line when it fails or runs out of time, and the next step begins.
    its float32 rounding differs, so a rare draw can flip) against Hugging Face's `generate` (the
    same batch, sampling at temperature 1, no top-k).
 6. refusals that stay one line on a GPU: a pass size that does not divide the minibatch, and
-   Qwen2.5-7B fully fine-tuned on one card (its training state leaves no room for a pass).
+   Qwen2.5-7B and -14B fully fine-tuned on one card (refused where the training state leaves no room for a pass).
 """
 
 import argparse
@@ -48,13 +48,15 @@ MODULES = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 # What each step runs on: a GPU, or the dry run's tiny shapes on the CPU (B prompts × G responses, T new tokens).
 SHAPES = {
     "gpu": dict(numerics="qwen2.5-0.5b", scale=["qwen2.5-0.5b", "qwen2.5-1.5b"], generation="qwen2.5-0.5b",
-                B=32, G=8, T=256, compile=True, embedded=[], scale_flags=["--num-iterations", "3"]),
+                B=32, G=8, T=256, compile=True, embedded=[], scale_flags=["--num-iterations", "2"]),
     "dry": dict(numerics="qwen2.5-tiny", scale=["qwen2.5-tiny"], generation="qwen2.5-tiny", B=4, G=4, T=8,
                 compile=False, embedded=["--num-iterations", "1", "--eval-size", "8"],
                 scale_flags=["--num-iterations", "2", "--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
 }
-# Each step's limit: 430 s in all, so that with the models' building (~1 minute) the check stays within 8 minutes
-STEP_SECONDS = {"machine": 30, "numerics": 50, "embedded": 70, "scale": 140, "generation": 120, "refusals": 20}
+# Each step's limit: 535 s in all, so that with the models' building (~20 s) the check stays within the 10 minutes
+# of one call to a lent GPU (seen on an H200: machine 7 s, numerics 27, embedded 43, generation 75-110+, refusals
+# 10-14; 3 iterations of Qwen2.5-0.5B took over 60 s, so scale runs 2, the first warming up)
+STEP_SECONDS = {"machine": 20, "numerics": 45, "embedded": 65, "scale": 240, "generation": 150, "refusals": 15}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
 EMBEDDED_ON_CPU = "| a CPU core (common/results/group.md) | 150 | 0.17 | 0.908 (the mean of the last 3 evaluations) |"
 
@@ -165,8 +167,13 @@ def step_scale(shapes, folders) -> list[str]:
     lines = ["| model | pass size | estimated peak | measured peak | generate s | log-probs s | update s | "
              "tokens / s |", "|---|---|---|---|---|---|---|---|"]
     for name in shapes["scale"]:
-        console, values = run_script(["--model", folders[name], "--eval-size", "1", *shapes["scale_flags"]],
-                                     STEP_SECONDS["scale"] / len(shapes["scale"]) - 10)
+        limit = STEP_SECONDS["scale"] / len(shapes["scale"]) - 10
+        try:
+            console, values = run_script(["--model", folders[name], "--eval-size", "1", *shapes["scale_flags"]], limit)
+        except subprocess.TimeoutExpired:
+            lines.append(f"| {name} | ran out of its {limit:.0f} s | | | | | | |")
+            print(lines[-1], flush=True)
+            continue
         size, budget, per_response = re.search(
             r"--micro-batch-size (\d+) .*within ([\d.]+) GiB, at an estimated ([\d,.]+) MB each", console).groups()
         per_response = float(per_response.replace(",", "")) * 2**20
@@ -214,15 +221,31 @@ def step_generation(shapes, folders) -> list[str]:
         args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=compiled)
         return grpo.sample(model, prompt_format, questions, args, device, shapes["G"])
 
+    def sampler_gap(samples) -> str:  # mean |log-prob the sampler kept − the scoring pass's|, as in numerics
+        args, forward = grpo.Args(temperature=1.0, group_size=shapes["G"]), grpo.Forward(autocast, share_prompt=True)
+        gaps = []
+        for start in range(0, len(samples.responses), 16):
+            inds = torch.arange(start, min(start + 16, len(samples.responses)), device=device)
+            with torch.no_grad():
+                scored = grpo.logprobs_of(model, samples, inds, args, forward)
+            gaps.append((samples.logprobs[inds] - scored)[samples.mask[inds].bool()].abs())
+        return f"{torch.cat(gaps).mean():.1e}"
+
     eager, eager_seconds = timed(lambda: draw(False))
     if shapes["compile"]:
         _, first_call = timed(lambda: draw(True))
         compiled, compiled_seconds = timed(lambda: draw(True))
-        same = f"{(eager.responses == compiled.responses).all(dim=1).float().mean():.1%} of the responses"
+        # bfloat16 sums in another order can flip a draw, and a response differs from there on: the median
+        # token at which they part says whether the two decode alike (a bug would part them at the first token)
+        differs = eager.responses != compiled.responses
+        parted = differs.float().argmax(dim=1)[differs.any(dim=1)]
+        same = f"{1 - len(parted) / len(differs):.1%} of the responses whole" + (
+            f", the rest part at token {parted.float().median():.0f} (median)" if len(parted) else "")
         compiled_row = (f"| sample, --compile-decoding | {compiled_seconds:.2f} | "
-                        f"{eager.responses.numel() / compiled_seconds:,.0f} | {first_call:.1f} s | {same} |")
+                        f"{eager.responses.numel() / compiled_seconds:,.0f} | {first_call:.1f} s | {same} | "
+                        f"{sampler_gap(compiled)} |")
     else:  # tests/test_group_real_models.py checks its tokens; compiling costs the suite a minute
-        compiled_row = "| sample, --compile-decoding | not in the dry run | | | |"
+        compiled_row = "| sample, --compile-decoding | not in the dry run | | | | |"
     ids, mask = prompt_format.encode(questions, device)
     generated, generate_seconds = timed(lambda: model.generate(
         input_ids=ids.repeat_interleave(shapes["G"], 0), attention_mask=mask.repeat_interleave(shapes["G"], 0),
@@ -230,12 +253,12 @@ def step_generation(shapes, folders) -> list[str]:
         min_new_tokens=shapes["T"], pad_token_id=prompt_format.pad_id))
     tokens = eager.responses.numel()
     return [f"{shapes['B']} prompts × {shapes['G']} responses × {shapes['T']} tokens ({shapes['generation']}):", "",
-            "| decoding | seconds | tokens / s | first call (compiles) | eager's tokens |",
-            "|---|---|---|---|---|",
-            f"| sample, eager | {eager_seconds:.2f} | {tokens / eager_seconds:,.0f} | - | - |",
+            "| decoding | seconds | tokens / s | first call (compiles) | eager's tokens | sampler gap mean |",
+            "|---|---|---|---|---|---|",
+            f"| sample, eager | {eager_seconds:.2f} | {tokens / eager_seconds:,.0f} | - | - | {sampler_gap(eager)} |",
             compiled_row,
             f"| Hugging Face generate | {generate_seconds:.2f} | "
-            f"{(generated.shape[1] - ids.shape[1]) * len(generated) / generate_seconds:,.0f} | - | - |"]
+            f"{(generated.shape[1] - ids.shape[1]) * len(generated) / generate_seconds:,.0f} | - | - | - |"]
 
 
 def step_refusals(shapes, folders) -> list[str]:
@@ -255,17 +278,19 @@ def step_refusals(shapes, folders) -> list[str]:
         lines.append("- --micro-batch-size 24: NOT refused")
     except SystemExit as e:
         lines.append(f"- `--micro-batch-size 24`: {e}")
-    model_type, fields = CONFIGS["qwen2.5-7b"]
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
     card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 10**9
-    state = policy.model_state_bytes(model, None, processes=1)
-    per_response = policy.response_bytes(256, 64, 8, model.config, 2)
-    try:
-        policy.refuse_what_does_not_fit(policy.pass_budget(card, state), per_response, state, card)
-        lines.append("- Qwen2.5-7B fully fine-tuned on one card: NOT refused")
-    except SystemExit as e:
-        lines.append(f"- Qwen2.5-7B fully fine-tuned on one card: {e}")
+    for name in ["qwen2.5-7b", "qwen2.5-14b"]:  # 7B's state fits a 141 GB card, not an 80 GB one; 14B's fits neither
+        model_type, fields = CONFIGS[name]
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
+        state = policy.model_state_bytes(model, None, processes=1)
+        per_response = policy.response_bytes(256, 64, 8, model.config, 2)
+        try:
+            policy.refuse_what_does_not_fit(policy.pass_budget(card, state), per_response, state, card)
+            lines.append(f"- {name} fully fine-tuned on one card: fits (its training state {state / 2**30:.1f} GiB "
+                         f"of the card's {card / 2**30:.1f} GiB), not refused")
+        except SystemExit as e:
+            lines.append(f"- {name} fully fine-tuned on one card: {e}")
     return lines
 
 
@@ -286,8 +311,14 @@ def main() -> None:
         folders = dict(item.split("=", 1) for item in args.folders.split(";"))
         print("\n".join(["@@table", *STEPS[args.step](shapes, folders)]), flush=True)
         return
+    import importlib.util
+
     import torch
 
+    # the first lent H200 had torch, transformers, peft and tensorboard but not tyro: two steps failed on it
+    missing = [name for name in ("tyro", "transformers", "tensorboard") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise SystemExit(f"error: {', '.join(missing)} not installed: pip install -r requirements.txt first")
     if not args.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no GPU here; `python -m common.tools.gpu_check --dry-run` runs tiny shapes on the CPU")
     from common.tools.scale import build_model

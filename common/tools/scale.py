@@ -70,6 +70,10 @@ CONFIGS = {
                                  num_attention_heads=28, num_key_value_heads=4,
                                  vocab_size=152064, max_position_embeddings=32768, tie_word_embeddings=False,
                                  rope_theta=1000000.0, rms_norm_eps=1e-6)),
+    "qwen2.5-14b": ("qwen2", dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48,
+                                  num_attention_heads=40, num_key_value_heads=8,
+                                  vocab_size=152064, max_position_embeddings=131072, tie_word_embeddings=False,
+                                  rope_theta=1000000.0, rms_norm_eps=1e-5)),  # the GPU check: too big for one card
     "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                                    max_position_embeddings=8192, tie_word_embeddings=True)),
