@@ -361,6 +361,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('common/sampling.py', 'geometric = log_rho.sum(dim=1) / (mask > 0).sum(dim=1).clamp(min=1)', '1 → 0'):
         'equivalent: the floor acts only on a response with no token in the loss, which keeps none either way '
         '(its NaN mean gives a False band test, times a mask of 0)',
+    ('common/sampling.py', 'dropped = responses & ~(kept * signal > 0).any(dim=1)', '* → /'):
+        'equivalent: in a response with signal, signal is True on every token of the mask and kept is 0 off it, '
+        'where 0/0 is NaN and NaN > 0 is False as 0 > 0 is; a response without signal is never counted',
     ('common/sampling.py', 'if correction == "none" or global_max(tokens) == 0:', '0 → 1'):
         'harmless: the rollout is corrected before; only the logged figures of a batch with one token of signal go',
     **{('common/sampling.py', 'logits_to_keep=1,', mutation):

@@ -148,6 +148,29 @@ def test_the_sequence_mask_averages_over_each_responses_own_tokens():
     assert sampling.correct(edge, torch.zeros(2, 2), "sequence-mask", 2.0)[0].mask.tolist() == [[1.0, 0.0]] * 2
 
 
+def test_a_process_without_signal_leaves_the_figures_to_the_others(monkeypatch):
+    """Under torchrun a process whose groups all have Â = 0 still joins each reduction: what it brings must not
+    move the figures of the process that has signal (its ratios all below 1 here, so a max taken with 1 would)."""
+    mask, sampler = torch.ones(2, 3), torch.zeros(2, 3)
+    with_signal = as_rollout(mask, torch.tensor([[-0.1, -0.2, -0.3], [-0.4, -0.5, -0.05]]), torch.tensor([1.0, -1.0]))
+    brought = []  # what the process with signal brings to each reduction, in call order
+    monkeypatch.setattr(sampling, "global_max", lambda value: brought.append(value) or value)
+    monkeypatch.setattr(sampling, "global_fraction", lambda part, whole: brought.append((part, whole)) or (
+        part / whole if whole > 0 else 0.0))
+    _, alone = sampling.correct(with_signal, sampler, "token-mask", 1.2)
+    others = iter(brought)  # the process without signal reduces with those, call by call
+    monkeypatch.setattr(sampling, "global_max", lambda value: max(value, next(others)))
+
+    def global_fraction(part, whole):
+        other_part, other_whole = next(others)
+        return (part + other_part) / (whole + other_whole) if whole + other_whole > 0 else 0.0
+
+    monkeypatch.setattr(sampling, "global_fraction", global_fraction)
+    without_signal = as_rollout(mask, torch.full((2, 3), 0.5), torch.zeros(2))
+    _, together = sampling.correct(without_signal, sampler, "token-mask", 1.2)
+    assert together == alone and alone["charts/is_ratio_max"] < 1 and alone["charts/is_masked_fraction"] > 0
+
+
 def test_no_correction_changes_nothing_and_logs_nothing():
     rollout, sampler, _ = hand_batch()
     corrected, figures = sampling.correct(rollout, sampler, "none", 2.0)
