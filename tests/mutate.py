@@ -364,6 +364,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('common/sampling.py', 'dropped = responses & ~(kept * signal > 0).any(dim=1)', '* → /'):
         'equivalent: in a response with signal, signal is True on every token of the mask and kept is 0 off it, '
         'where 0/0 is NaN and NaN > 0 is False as 0 > 0 is; a response without signal is never counted',
+    ('common/sampling.py', '"charts/is_truncated_fraction": global_fraction((rho > cap).sum().item(), tokens),',
+     '> → >='):
+        'harmless: a ratio exactly at C counts as truncated or not in a logged figure; min(ρ, C) weighs it alike',
     ('common/sampling.py', 'if correction == "none" or global_max(tokens) == 0:', '0 → 1'):
         'harmless: the rollout is corrected before; only the logged figures of a batch with one token of signal go',
     **{('common/sampling.py', 'logits_to_keep=1,', mutation):

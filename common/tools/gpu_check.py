@@ -2,7 +2,7 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check                                # one GPU: at most 9 minutes (7 seen on an H200)
+    python -m common.tools.gpu_check                                # one GPU: at most 9 minutes
     python -m common.tools.gpu_check --out common/results/gpu.md    # the tables also written to a file
     python -m common.tools.gpu_check --dry-run                      # tiny shapes on the CPU: the suite runs it
 
