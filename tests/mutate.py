@@ -319,9 +319,6 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('grpo.py', 'clipped = ((ratio - 1).abs() > args.clip_eps).float()', '> → >='):
         'equivalent: differs only for a ratio of exactly 1 ± ε, and only in the logged clip fraction',
-    ('common/processes.py', 'return (total[0] / total[1]).item() if total[1] > 0 else 0.0', '1 → 0'):
-        'equivalent (the test "part > 0"): the part is counted within the whole, 0 <= part <= whole, so the two '
-        'tests differ only where the fraction is 0 either way',
     **{('dapo.py', 'args.beta == 0)', mutation):
        'equivalent in numbers: the groups without signal add exactly 0 when run (tested), and after dynamic '
        'sampling the batch holds them only as fillers; the skip saves their cost'

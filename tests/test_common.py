@@ -285,6 +285,7 @@ def test_a_fraction_of_the_whole_batch_in_one_process():
     assert processes.global_fraction(1.0, 4.0) == 0.25
     assert processes.global_fraction(1.0, 1.0) == 1.0  # a single token counts
     assert processes.global_fraction(0.0, 0.0) == 0.0  # nothing to count (no token with signal): 0, not NaN
+    assert processes.global_fraction(-1.0, 4.0) == -0.25  # a mean of signed terms (the k1 KL estimate) keeps its sign
 
 
 def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
