@@ -61,12 +61,15 @@ def test_the_plan_sizes_passes_as_a_run_does():
 
 
 def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):
+    from common import policy
     from common.tools import scale as S
 
     P, L = 1000, 10
     assert S.fit_state_bytes("DDP", P, L, 1) == 16 * P and S.fit_state_bytes("DDP", P, L, 4) == 20 * P
     assert S.fit_state_bytes("DDP + LoRA r16", P, L, 8) == 2 * P + 20 * L
     assert S.fit_state_bytes("FSDP", P, L, 4) == 4 * P + 4 * P  # a quarter of 16 bytes, and the whole weights
+    # a reference copy (β > 0) is made before the sharding: whole on every card, in both layouts
+    assert policy.state_bytes(P, P, 0, 4, fsdp=True, reference=2 * P) == 4 * P + 4 * P + 2 * P
     S.fit()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
             if line.startswith("| qwen")}
