@@ -71,6 +71,7 @@ def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a
     # a reference copy (β > 0) is made before the sharding: whole on every card, in both layouts
     assert policy.state_bytes(P, P, 0, 4, fsdp=True, reference=2 * P) == 4 * P + 4 * P + 2 * P
     assert policy.state_bytes(P, P, 0, 1, fsdp=False, reference=2 * P) == 16 * P + 2 * P
+    assert policy.state_bytes(P, P, 0, 2, fsdp=False) == 20 * P  # DDP's buckets from the second process on
     S.fit()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
             if line.startswith("| qwen")}
