@@ -378,6 +378,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        '(unequal signal per process; whole-batch statistics), whose torchrun launch the mutation run leaves out'
        for line, mutation in (('if torch.distributed.is_initialized():', 'delete the if'),
                               ('torch.distributed.all_reduce(total, op=op)', 'delete the statement'))},
+    ('common/policy.py', 'sizes = [n for n in range(1, minibatch + 1)', '1 → 2'):
+        'equivalent: either bound of the range moved by one changes nothing: a size of 1 is the default when no '
+        'size fits, and minibatch + 1 never divides the minibatch',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }
