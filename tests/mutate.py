@@ -381,6 +381,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('common/policy.py', 'sizes = [n for n in range(1, minibatch + 1)', '1 → 2'):
         'equivalent: either bound of the range moved by one changes nothing: a size of 1 is the default when no '
         'size fits, and minibatch + 1 never divides the minibatch',
+    ('common/policy.py', 'if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]', '< → <='):
+        'equivalent: n = G is a whole group, let in by n % G == 0 already',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }
