@@ -267,6 +267,17 @@ def test_the_sampler_gap_by_hand_over_the_tokens_scored():
     assert runs.sampler_gap(sampler, old, mask, nothing_scored) == {}  # not a gap of 0: that would read as agreement
 
 
+def test_a_process_without_a_response_leaves_the_sampler_gap_to_the_others(monkeypatch):
+    """Under torchrun a process with an empty batch still joins the reductions: what it brings to the max must not
+    move it (another process's largest gap, 0.25 here, stays the figure)."""
+    monkeypatch.setattr(runs, "global_mean", lambda value: value + 3.0)  # the other process scored 3 tokens
+    monkeypatch.setattr(runs, "global_fraction", lambda part, whole: (part + 0.5) / (whole + 3.0))
+    monkeypatch.setattr(runs, "global_max", lambda value: max(value, 0.25))
+    empty = torch.zeros(0, 3)
+    assert runs.sampler_gap(empty, empty, empty, []) == {"charts/sampler_gap_mean": pytest.approx(0.5 / 3),
+                                                         "charts/sampler_gap_max": 0.25}
+
+
 def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [2.0, 0.0, -1.0, 5.0], [1.0, 1.0, 3.0, -2.0],
                            [0.0, 9.0, 0.0, 0.0], [0.0, -float("inf"), 1.0, -float("inf")]])  # [5, vocab 4]
