@@ -348,9 +348,10 @@ def main() -> None:
             section = [f"## {step} ({time.time() - start:.0f} s)", "", *table, ""]
             print("\n".join(section), flush=True)
             report += section
+            if args.out:  # after every step: a check cut short by its lease keeps the tables it has
+                with open(args.out, "w") as f:
+                    f.write("\n".join(report))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(report))
         print(f"written: {args.out}")
 
 
