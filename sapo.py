@@ -29,7 +29,8 @@ One iteration (the main loop at the end): sample B prompts → G responses each 
 rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch steps on the
 loss → log. Sections tagged [METHOD] are where the siblings differ; [SHARED] ones are the same in
 all five (tests/test_group_crossfile.py). The rest is in common/: policy.py (the model, its flags),
-sampling.py (prompts, the KV cache, the sampler), processes.py (torchrun), runs.py, checkpoints.py.
+sampling.py (prompts, the sampler), decoding.py (the decoding steps), processes.py (torchrun), runs.py,
+checkpoints.py.
 
     python sapo.py                                      # the embedded tiny model, offline, on a CPU
     python sapo.py --model Qwen/Qwen2.5-0.5B-Instruct   # a real model: defaults per machine
@@ -49,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common import policy, processes, runs, sampling
+from common import decoding, policy, processes, runs, sampling
 from common.checkpoints import Checkpoints
 from common.tasks import EVAL_SEED, get_task
 
@@ -202,20 +203,19 @@ class Forward(NamedTuple):  # how a pass runs, decided once at start-up
 LOGITS_PER_CHUNK = 2**24  # draws and log-probs read 16M logits (64 MB) at a time, not [N, T, vocab]
 
 
-def sample_token(logits: Tensor, greedy: Tensor, generator: Optional[torch.Generator] = None):
+def sample_token(logits: Tensor, greedy: Tensor, u: Tensor):
     """A token from softmax(logits) for each row of [N, vocab] (the most likely where `greedy` [N]),
-    its log-probability and the row's entropy. Exact, with one uniform number u per row: the first
-    token whose cumulative probability exceeds u. (torch.multinomial draws the same with one random
-    number per vocabulary entry, which on a CPU costs more than the model.)"""
+    its log-probability and the row's entropy. Exact, with one uniform number per row, u [N, 1] in
+    float64: the first token whose cumulative probability exceeds u. (torch.multinomial draws the same
+    with one random number per vocabulary entry, which on a CPU costs more than the model.)"""
     rows = max(1, LOGITS_PER_CHUNK // logits.shape[-1])
     if len(logits) > rows:  # a few rows at a time: temporaries of [rows, vocab]
-        parts = zip(logits.split(rows), greedy.split(rows))
-        drawn = [sample_token(part, flags, generator) for part, flags in parts]
+        parts = zip(logits.split(rows), greedy.split(rows), u.split(rows))
+        drawn = [sample_token(*part) for part in parts]
         return tuple(torch.cat(values) for values in zip(*drawn))
     log_pi = torch.log_softmax(logits, dim=-1)
     pi = log_pi.exp()
     cdf = pi.cumsum(dim=-1, dtype=torch.float64)  # [N, vocab], non-decreasing
-    u = torch.rand(len(logits), 1, dtype=torch.float64, device=logits.device, generator=generator)
     # how many bounds are <= u: never a token of probability 0
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
     drawn = drawn.clamp(max=logits.shape[-1] - 1)  # u rounded up to the total (once in 2^53): the last
@@ -261,42 +261,32 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
     """
     prompt_ids, prompt_mask = prompt_format.encode(questions, device)  # [B, P], left-padded
     eos_ids = torch.tensor(prompt_format.eos_ids, device=device)
-    # Prefill: each prompt read once, its keys and values copied for its G responses. `decode` is the
-    # model, or its forward compiled (--compile-decoding: the same step, up to float32 rounding).
-    logits, cache, attention_mask, decode = sampling.prefill(
-        model, prompt_ids, prompt_mask, repeats=num_samples, new_tokens=args.max_new_tokens,
-        compiled=args.compile_decoding)
-    prefilled = int(cache.get_seq_length())  # the prompts' columns: step s fills column prefilled + s
-    next_position = attention_mask.sum(dim=1, keepdim=True)  # [N, 1]
-    ended = torch.zeros(len(logits), dtype=torch.bool, device=device)
+    # Prefill: each prompt read once, its keys and values copied for its G responses; then each step runs the
+    # model on the last token of every response and draws the next with sample_token (--compile-decoding: the
+    # same steps compiled, the host asking every few tokens whether all have ended: common/decoding.py).
+    decoder = decoding.Decoder(model, prompt_ids, prompt_mask, repeats=num_samples, new_tokens=args.max_new_tokens,
+                               draw=sample_token, compiled=args.compile_decoding)
+    ended = torch.zeros(len(decoder.logits), dtype=torch.bool, device=device)
     greedy = torch.as_tensor(greedy, device=device).expand(num_samples).repeat(len(questions))
     tokens, entropies, logprobs = [], [], []
-    for step in range(args.max_new_tokens):
+    for _ in range(args.max_new_tokens):
+        u = torch.rand(len(ended), 1, dtype=torch.float64, device=device, generator=generator)
         # π_θold itself at the temperature: no top-k, top-p or repetition penalty
-        token, logprob, entropy = sample_token(logits / args.temperature, greedy, generator)
+        token, logprob, entropy = decoder.step(tokens[-1] if tokens else None, greedy, u, args.temperature)
         entropies.append(entropy)
         logprobs.append(logprob)
         tokens.append(token.masked_fill(ended, prompt_format.pad_id))  # an ended response is padded
         ended = ended | torch.isin(token, eos_ids)
         if prompt_format.stop is not None:
             ended = ended | prompt_format.holds_stop(torch.stack(tokens, dim=1))
-        if ended.all():
+        if decoder.finished(ended):  # every response has ended (asked every few tokens when compiled)
             break
-        # Decode: the new token of every response, its keys and values written into the cache.
-        attention_mask[:, prefilled + step] = 1
-        logits = decode(
-            input_ids=tokens[-1].unsqueeze(1),
-            attention_mask=attention_mask,
-            position_ids=next_position + step,
-            past_key_values=cache,
-            use_cache=True,
-        ).logits[:, -1].float()
-    responses = torch.stack(tokens, dim=1)  # [N, T]
+    responses = torch.stack(tokens[: decoder.steps], dim=1)  # [N, T]
     mask, truncated = response_mask(responses, eos_ids)
     if prompt_format.stop is not None:  # a base model's answer ends at its stop string (included)
         mask, stopped = prompt_format.stop_mask(responses, mask)
         truncated = truncated & ~stopped  # an answer that ended is not cut short, even at the cap
-    entropies, logprobs = torch.stack(entropies, dim=1), torch.stack(logprobs, dim=1)  # [N, T]
+    entropies, logprobs = (torch.stack(values[: decoder.steps], dim=1) for values in (entropies, logprobs))
     return Samples(prompt_ids, prompt_mask, responses, mask, truncated, entropies, logprobs)
 
 

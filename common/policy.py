@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from common.decoding import cast_weights, resolve_compiling
 from common.processes import is_sharded
 from common.sampling import resolve_correction
 from common.tasks import TASKS, get_task
@@ -56,8 +57,8 @@ class ModelArgs:
     fsdp: bool = False
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
     # Speed
-    compile_decoding: bool = False
-    """compile the decoding step (torch.compile; CUDA graphs on a GPU): the same tokens, compiled in seconds"""
+    compile_decoding: Optional[bool] = None
+    """compile the decoding steps (common/decoding.py); None: on a GPU, for --max-new-tokens >= 128"""
     # The sampler: when it is not the trainer (common/EQUATIONS.md: the sampler is not π_θold)
     sampler_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     """sample with a copy of the weights in this dtype, refreshed after every update; None: no copy"""
@@ -173,7 +174,7 @@ def resolve_defaults(args, beta: float) -> list[str]:
     if args.few_shot is None and (embedded or (not gpu and args.task in TASKS)):
         args.few_shot = 0 if embedded else CPU_FEW_SHOT
         lines.append(f"--few-shot {args.few_shot}  ({where})")
-    return lines + resolve_correction(args)
+    return lines + resolve_compiling(args, gpu) + resolve_correction(args)
 
 
 def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
@@ -337,12 +338,9 @@ def load(args: ModelArgs, device):
 
 
 class Float32OutputLayer(torch.nn.Linear):
-    """The output layer computed in float32, also under bfloat16 autocast.
-
-    bfloat16's 8-bit mantissa rounds a logit of 10 by up to 0.03. π_θold (scored in one batch
-    shape) and π_θ at the first update (another shape, other GPU kernels) would then differ by far
-    more than GSPO's clip range (3e-4), at a ratio that must be exactly 1.
-    """
+    """The output layer in float32, also under bfloat16 autocast: bfloat16 rounds a logit of 10 by
+    up to 0.03, and π_θold (scored in one batch shape) and π_θ at the first update (another shape,
+    other kernels) would differ by far more than GSPO's clip (3e-4), at a ratio of exactly 1."""
 
     def forward(self, hidden: Tensor) -> Tensor:
         with torch.autocast(hidden.device.type, enabled=False):
@@ -492,6 +490,8 @@ def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int,
                                   2 if device.type == "cuda" else 4)
     gpu_memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     state = model_state_bytes(model, ref_model, processes) if gpu_memory else 0.0
+    if gpu_memory and args.compile_decoding:  # the compiled steps' bfloat16 copy of the weights
+        state += 2 * sum(p.numel() for p in cast_weights(model))
     budget = pass_budget(gpu_memory, state)
     refuse_what_does_not_fit(budget, per_response, state, gpu_memory)
     size = pass_size(minibatch, args.group_size, per_response, budget)

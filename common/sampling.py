@@ -1,12 +1,11 @@
-"""Prompts in, tokens out: what the group files' `sample` and `response_logits` call on.
+"""Prompts in: what the group files' `sample` and `response_logits` read, and the weights that sample.
 
 1. `PromptFormat`: what the model reads (a chat template, or solved examples as text), the tokens
    and the stop string where its answer ends, and the answer's text.
 2. Reading prompts once: `shared_head` finds the tokens every prompt of a batch begins with,
    `read_prompts` runs that head once and each prompt's tail after it into a KV cache (the
-   tokens the caller runs next looked up with them), `prefill` readies sampling's cache from it:
-   the keys and values copied per response, in a cache allocated once (`decoding_cache`);
-   `compiled_step` is the model's forward compiled for a decoding step (--compile-decoding).
+   tokens the caller runs next looked up with them). Sampling's decoding steps continue from
+   it: common/decoding.py.
 3. When the sampler is not the trainer: `Sampler` holds the weights that sample (the policy, or a
    copy in another dtype, or weights k updates old), and `correct` weighs or masks the update's
    tokens for it (common/EQUATIONS.md: the sampler is not π_θold).
@@ -17,10 +16,8 @@ The draw of a token and the decoding loop are in the group files: they define π
 import collections
 import contextlib
 import copy
-import functools
 import math
 import random
-import weakref
 from typing import Optional
 
 import torch
@@ -213,31 +210,6 @@ def read_prompts(model, prompt_ids: Tensor, prompt_mask: Tensor, then: Optional[
     return output, attention_mask, then_embeds
 
 
-COMPILED_COLUMNS = 64  # a compiled step's cache width is a multiple of it
-_compiled = weakref.WeakKeyDictionary()  # model -> its compiled forward (holds no reference to it)
-
-
-def prefill(model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int, new_tokens: int,
-            compiled: bool = False):
-    """Sampling's start: prompts [B, P] read once (read_prompts), for `repeats` responses each.
-
-    Returns the next token's logits [B * repeats, vocab] in float32, a cache of the prompts' keys
-    and values, each row `repeats` times, with room for `new_tokens` more (decoding_cache), and its
-    attention mask [B * repeats, the cache's columns]: 0 on the columns the decoding steps fill, and
-    the decoding step: `model`, or with `compiled` its forward compiled (compiled_step), the columns
-    then rounded up to a multiple of COMPILED_COLUMNS (few shapes, few compilations).
-    """
-    output, attention_mask, _ = read_prompts(model, prompt_ids, prompt_mask)
-    columns = attention_mask.shape[1] + new_tokens
-    if compiled:
-        columns = math.ceil(columns / COMPILED_COLUMNS) * COMPILED_COLUMNS
-    cache = decoding_cache(model, output.past_key_values, repeats, columns)
-    logits = output.logits[:, -1].float().repeat_interleave(repeats, dim=0)
-    attention_mask = F.pad(attention_mask, (0, columns - attention_mask.shape[1]), value=0)
-    decode = compiled_step(model) if compiled else model
-    return logits, cache, attention_mask.repeat_interleave(repeats, dim=0), decode
-
-
 def embed(model, *token_ids: Tensor) -> list[Tensor]:
     """The input embeddings of each tensor of token ids [..] -> [.., d], from one lookup.
 
@@ -248,46 +220,6 @@ def embed(model, *token_ids: Tensor) -> list[Tensor]:
     embeds = lookup(torch.cat([ids.flatten() for ids in token_ids]))
     parts = embeds.split([ids.numel() for ids in token_ids])
     return [part.view(*ids.shape, -1) for part, ids in zip(parts, token_ids)]
-
-
-def decoding_cache(model, prefill_cache, repeats: int, columns: int):
-    """The prefill's keys and values, each row `repeats` times, in a cache of `columns` columns,
-    allocated once (transformers' StaticCache): a decoding step writes its keys and values in place,
-    where a growing cache (DynamicCache) copies itself whole at every step.
-
-    Under bfloat16 autocast the prefill's values can be float32 (its cache upcasts what it joins)
-    and a step's bfloat16: each layer then casts what a step writes to its dtype, exactly.
-    """
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=columns)
-    for layer, filled in zip(cache.layers, prefill_cache.layers):
-        layer.update(filled.keys.repeat_interleave(repeats, dim=0),
-                     filled.values.repeat_interleave(repeats, dim=0))
-        if torch.is_autocast_enabled(filled.keys.device.type):
-            layer.update = casting_update(layer)
-    return cache
-
-
-def casting_update(layer):
-    """A static cache layer's update that first casts the keys and values to the layer's dtypes."""
-    update = layer.update
-
-    def cast_and_update(keys: Tensor, values: Tensor, *args, **kwargs):
-        return update(keys.to(layer.keys.dtype), values.to(layer.values.dtype), *args, **kwargs)
-    return cast_and_update
-
-
-def compiled_step(model):
-    """`model`'s forward compiled for the decoding steps (gpt-fast's recipe: the static cache above,
-    one token per step, CUDA graphs on a GPU), called as `model` is: the same tokens as eager.
-
-    Compiled at the first call (seconds), again for each new number of rows or cache width.
-    """
-    if model not in _compiled:
-        mode = "reduce-overhead" if next(model.parameters()).is_cuda else None  # CUDA graphs
-        _compiled[model] = torch.compile(type(model).forward, mode=mode, dynamic=False)
-    return functools.partial(_compiled[model], model)
 
 
 def pad_cat(tensors: list[Tensor], value: int, left: bool) -> Tensor:

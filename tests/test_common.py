@@ -149,8 +149,9 @@ def samples_of(mask, truncated, entropies, group_size):
     import types
 
     responses = torch.zeros(mask.shape, dtype=torch.long)
-    return types.SimpleNamespace(prompt_ids=torch.zeros(len(mask) // group_size, 1), responses=responses, mask=mask,
-                                 truncated=truncated, entropies=entropies)
+    prompt_ids = torch.zeros(len(mask) // group_size, 1, dtype=torch.long)
+    return types.SimpleNamespace(prompt_ids=prompt_ids, prompt_mask=torch.ones_like(prompt_ids), responses=responses,
+                                 mask=mask, truncated=truncated, entropies=entropies)
 
 
 def test_rollout_stats_by_hand():
@@ -215,21 +216,24 @@ def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_tok
     n = 200_000
     generator = torch.Generator().manual_seed(0)
     rows = logits.repeat_interleave(n, dim=0)
-    ours = grpo.sample_token(rows, torch.zeros(len(rows), dtype=torch.bool), generator)[0].view(4, n)
+    u = torch.rand(len(rows), 1, dtype=torch.float64, generator=generator)
+    ours = grpo.sample_token(rows, torch.zeros(len(rows), dtype=torch.bool), u)[0].view(4, n)
     reference = torch.multinomial(torch.softmax(rows, -1), 1, generator=generator).view(4, n)
     for draws in (ours, reference):
         frequency = torch.stack([torch.bincount(row, minlength=6) for row in draws]).double() / n
         assert ((frequency - probs).abs() <= 5 * (probs * (1 - probs) / n).sqrt()).all()
         assert frequency[probs == 0].sum() == 0
-    assert grpo.sample_token(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool))[0].tolist() == [0, 0, 0]  # 1 token
-    assert grpo.sample_token(logits[3:], torch.zeros(1, dtype=torch.bool))[0].tolist() == [5]  # fewer rows than tokens
+    u = torch.rand(3, 1, dtype=torch.float64, generator=generator)
+    assert grpo.sample_token(torch.zeros(3, 1), torch.zeros(3, dtype=torch.bool), u)[0].tolist() == [0, 0, 0]  # 1 token
+    # fewer rows than tokens
+    assert grpo.sample_token(logits[3:], torch.zeros(1, dtype=torch.bool), u[:1])[0].tolist() == [5]
 
 
-def test_a_uniform_number_rounded_up_to_the_total_draws_the_last_token(monkeypatch):
+def test_a_uniform_number_rounded_up_to_the_total_draws_the_last_token():
     """u = U · (the total probability), U < 1, can round up to the total (about one draw in 2^53): the first bound
     above u would then be one past the vocabulary. The draw takes the last token instead."""
-    monkeypatch.setattr(torch, "rand", lambda *shape, **kwargs: torch.ones(*shape, dtype=kwargs.get("dtype")))
-    assert grpo.sample_token(torch.zeros(2, 5), torch.zeros(2, dtype=torch.bool))[0].tolist() == [4, 4]
+    u = torch.ones(2, 1, dtype=torch.float64)
+    assert grpo.sample_token(torch.zeros(2, 5), torch.zeros(2, dtype=torch.bool), u)[0].tolist() == [4, 4]
 
 
 def test_the_shared_head_is_the_longest_prefix_of_every_left_padded_prompt_less_one_token():
@@ -284,7 +288,7 @@ def test_a_draw_gives_the_log_prob_of_its_token_and_the_entropy_by_hand():
     p = torch.softmax(logits, dim=-1)
     expected = -(p * p.log()).nan_to_num().sum(-1)  # −Σ π log π, written out (0 log 0 = 0)
     greedy = torch.tensor([False, True, False, True, False])
-    token, logprob, entropy = grpo.sample_token(logits, greedy, torch.Generator().manual_seed(0))
+    token, logprob, entropy = grpo.sample_token(logits, greedy, torch.rand(5, 1, dtype=torch.float64))
     assert torch.allclose(entropy, expected, atol=1e-6)
     assert entropy[0].item() == pytest.approx(float(torch.log(torch.tensor(4.0))))  # uniform: log |V|
     assert token[1] == 3 and token[3] == 1  # greedy rows: the most likely token

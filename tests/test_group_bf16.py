@@ -173,11 +173,12 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_formulas(name, monkeypatch
         monkeypatch.setattr(module, "LOGITS_PER_CHUNK", per_chunk)
         torch.testing.assert_close(module.token_logprobs(logits, tokens), whole_logprobs, rtol=0, atol=1e-5)
         flat, no_greedy = logits.view(-1, 50), torch.zeros(30, dtype=torch.bool)
-        token, logprob, entropy = module.sample_token(flat, no_greedy, torch.Generator().manual_seed(1))
+        u = torch.rand(30, 1, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        token, logprob, entropy = module.sample_token(flat, no_greedy, u)
         torch.testing.assert_close(entropy, whole_entropy.view(-1), rtol=0, atol=1e-5)
         torch.testing.assert_close(logprob, torch.log_softmax(flat, -1)[torch.arange(30), token], rtol=0, atol=1e-5)
         draws.append(token)
-    assert all(torch.equal(d, draws[0]) for d in draws)  # the same random numbers in the same order, any chunks
+    assert all(torch.equal(d, draws[0]) for d in draws)  # each row its own random number, any chunks
     monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 5 * 50)
     one_row = module.token_logprobs(logits, tokens)
     monkeypatch.setattr(module, "LOGITS_PER_CHUNK", 10**9)

@@ -232,24 +232,6 @@ def test_sampling_reads_each_prompt_once_greedy_as_generate_and_draws_from_the_p
     assert probs.max() < 0.9, "the draw should be a test of a spread distribution"
 
 
-def test_the_compiled_decoding_step_draws_the_tokens_eager_decoding_draws():
-    """--compile-decoding on a tiny model: the same random numbers give eager decoding's tokens, greedy and sampled
-    responses side by side, in a cache rounded up to 64 columns; the log-probs logged agree to float32's last
-    digits (the compiled kernels may add in another order, so on a larger model a rare draw can flip)."""
-    tokenizer, model = policy.load_policy("embedded", CPU, path=os.path.join(ROOT, "common", "models", "tiny_model"))
-    prompts = ["7+5=", "123+45=", "9+9=", "58+601="]
-    drawn = []
-    for compiled in (False, True):
-        args = grpo.Args(max_new_tokens=8, few_shot=0, temperature=1.5, compile_decoding=compiled)
-        torch.manual_seed(5)
-        with torch.no_grad():
-            drawn.append(grpo.sample(model, fmt(tokenizer, model), prompts, args, CPU, num_samples=4,
-                                     greedy=[True, False, False, False]))
-    eager, compiled = drawn
-    assert torch.equal(eager.responses, compiled.responses) and torch.equal(eager.mask, compiled.mask)
-    torch.testing.assert_close(compiled.logprobs, eager.logprobs, atol=1e-5, rtol=0)
-
-
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_every_file_runs_an_iteration_on_every_architecture(module, arch, folders, tmp_path, in_process):

@@ -48,7 +48,8 @@ def imported_modules(path: str) -> set[str]:
     return names
 
 
-RUNTIME = ["common.tasks", "common.processes", "common.sampling", "common.policy", "common.checkpoints", "common.runs"]
+RUNTIME = ["common.tasks", "common.processes", "common.sampling", "common.decoding", "common.perf",
+           "common.policy", "common.checkpoints", "common.runs"]
 
 
 def test_imports_run_one_way_algorithm_files_to_runtime_modules_and_tools_to_algorithm_files():
