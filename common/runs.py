@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from common.checkpoints import refuse_another_method, refuse_changed_flags, saved_state
+from common.perf import Roofline, work
 from common.policy import model_state_bytes
 from common.processes import global_fraction, global_max, global_mean, local, whole_weights
 
@@ -175,6 +176,7 @@ class IterationLog:
         self.start = self.iteration_start = time.time()
         self.iteration, self.seconds = first_iteration - 1, {}
         self.never_right = 0  # iterations in a row, from the start, with no sampled response right
+        self.roofline = None if model is None else Roofline(model, args, self.cuda)
 
     def whole_weights(self):
         return contextlib.nullcontext() if self.model is None else whole_weights(self.model)
@@ -275,6 +277,8 @@ class IterationLog:
         }
         if self.cuda:
             logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        if self.roofline is not None and "perf/decoding_rows" in logged:
+            logged.update(self.roofline.figures(logged))
         logged = {tag: global_mean(value) for tag, value in logged.items()}
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
         with self.whole_weights() if due else contextlib.nullcontext():
@@ -299,6 +303,8 @@ class IterationLog:
             f"no-signal {logged['charts/zero_signal_fraction']:.2f}  {update}{elapsed:.3g} s/it  "
             f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}", flush=True
         )
+        if (due or iteration == self.first_iteration) and self.roofline is not None and "perf/decoding_rows" in logged:
+            print(self.roofline.line(logged), flush=True)
         self.warn_if_never_right(logged)
 
     def warn_if_never_right(self, logged: dict) -> None:
@@ -347,7 +353,8 @@ def rollout_stats(samples, rewards: Tensor, advantages: Tensor, accuracies: Tens
     }
     if old_logprobs is not None:
         stats.update(sampler_gap(samples.logprobs, old_logprobs, mask, first_epoch))
-    return stats
+    passes = [inds for minibatch in first_epoch or [] for inds in minibatch.passes]
+    return {**stats, **work(samples.prompt_ids, samples.prompt_mask, samples.responses, passes)}
 
 
 def sampler_gap(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, first_epoch: list):
@@ -367,3 +374,4 @@ def sampler_gap(sampler_logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, fi
         return {}
     return {"charts/sampler_gap_mean": global_fraction(gap.sum().item(), tokens.sum().item()),
             "charts/sampler_gap_max": global_max(gap.max().item() if gap.numel() else 0.0)}
+

@@ -74,12 +74,14 @@ GROUP_FUNCTIONS = ["compute_advantages", "kl_penalty", "masked_mean_per_response
                    "update_policy", "reference_model", "reference_scoring"]
 GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are tested (tests/test_group_update.py)
 # The runtime of common/ whose code carries numbers: the minibatches and reductions across processes, the logged
-# statistics, reading prompts once, the decoding cache, the training state's memory.
+# statistics, reading prompts once, the decoding steps and their cache, the perf line, the training state's memory.
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
     "common/runs.py": ["rollout_stats", "sampler_gap"],
-    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "decoding_cache",
-                           "correct"],
+    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct"],
+    "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
+                           "grouped_attention", "decoding_cache"],
+    "common/perf.py": ["work", "figures"],
     "common/policy.py": ["state_bytes", "pass_size"],
 }
 COMMON = list(COMMON_FUNCTIONS)
@@ -106,6 +108,7 @@ GROUP_TESTS = ["tests/test_group_update.py", "tests/test_group_crossfile.py", "t
 TESTS = {
     **{f: GROUP_TESTS for f in GROUP},
     **{f: GROUP_TESTS[:-2] + ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_prompts.py",
+                              "tests/test_decoding.py",
                               "tests/test_group_real_models.py", "tests/test_group_bf16.py", "tests/test_scale.py",
                               "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
@@ -190,7 +193,7 @@ SEMANTIC = [
        "pi_old scored on the whole batch, not in the first epoch's passes (ratio not exactly 1)") for f in GROUP],
     *[(f, "cache.reorder_cache(prompt_index)", "cache.reorder_cache(prompt_index.flip(0))",
        "responses attend to another prompt's cache") for f in GROUP],
-    *[("common/sampling.py", f"filled.{kv}.repeat_interleave(repeats, dim=0)", f"filled.{kv}.repeat(repeats, 1, 1, 1)",
+    *[("common/decoding.py", f"filled.{kv}.repeat_interleave(repeats, dim=0)", f"filled.{kv}.repeat(repeats, 1, 1, 1)",
        f"sampling: the prompts' cached {kv} repeated in the wrong order (a group's copies not next to each other)")
       for kv in ("keys", "values")],
     *[(f, "return logits.float().div_(temperature)", "return logits.float()", "log-probs ignore --temperature")
