@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from common.tools import gpu_check
 from common.tools.scale import build_model
@@ -17,9 +18,17 @@ SHAPES = gpu_check.SHAPES["dry"]
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("models") / SHAPES["numerics"])
-    build_model(SHAPES["numerics"], folder)
-    return {SHAPES["numerics"]: folder}
+    built = {}
+    for name in (SHAPES["model"], SHAPES["card"]):
+        built[name] = str(tmp_path_factory.mktemp("models") / name)
+        build_model(name, built[name])
+    gpu_check.make_peaky(built[SHAPES["model"]])
+    return built
+
+
+@pytest.fixture
+def options(tmp_path):
+    return gpu_check.parse_args(["--dry-run", "--work", str(tmp_path), "--profiles", str(tmp_path)])
 
 
 def rows(table: list[str]) -> list[list[str]]:
@@ -27,30 +36,57 @@ def rows(table: list[str]) -> list[list[str]]:
     return [[cell.strip() for cell in line.strip("|").split(" | ")] for line in table if line.startswith("| ")][1:]
 
 
-def test_numerics_of_the_recipe_against_float32_for_every_file(folders):
+def test_the_peaky_model_has_a_trained_models_entropy(folders):
+    """make_peaky scales the final norm until the next token's entropy is SmolLM2's (0.7 nats), where the random
+    model's is near the uniform's (log of the vocabulary)."""
+    from common import policy, sampling
+    from common.tasks import get_task
+
+    tokenizer, model = policy.load_policy("peaky", torch.device("cpu"), path=folders[SHAPES["model"]])
+    ids, mask = sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model).encode(["1+2=", "40+3="], "cpu")
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1]
+    entropy = torch.special.entr(torch.softmax(logits, dim=-1)).sum(dim=-1).mean()
+    assert 0.3 < float(entropy) < 1.2
+
+
+def test_numerics_of_the_recipe_against_float32_for_every_file(folders, options):
     """Under bfloat16 autocast with the float32 output layer: the first step's ratio is 1 exactly in every file,
     the sampler gap is bfloat16's rounding (small, not 0), the step close to float32's."""
-    table = rows(gpu_check.step_numerics(SHAPES, folders))
+    table = rows(gpu_check.step_numerics(SHAPES, folders, options))
     assert [row[0] for row in table] == [f"{name}.py" for name in gpu_check.MODULES]
     for name, log_ratio, gap_mean, gap_max, relative in table:
         assert float(log_ratio) == 0.0, name
-        assert 0 < float(gap_mean) <= float(gap_max) < 0.1, name
-        assert 0 < float(relative) < 0.1, name
+        assert 0 < float(gap_mean) <= float(gap_max) < 1, name
+        assert 0 < float(relative) < 0.2, name
 
 
-def test_the_embedded_run_scale_run_and_generation_report_their_figures(folders):
-    (embedded, cpu) = rows(gpu_check.step_embedded(SHAPES, folders))
+def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options):
+    """Eager, then compiled: the compiled responses are eager's (float32 on the CPU), each with its figures and
+    the top of its profile, the profile's table written beside the report."""
+    table = rows(gpu_check.step_generation(SHAPES, folders, options))
+    eager, eager_top, compiled, compiled_top = table
+    assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(eager[6]) < 1e-4
+    assert compiled[0] == "sample, compiled, float32 output layer" and compiled[5] == "100%"
+    assert compiled[4].endswith(" s") and float(compiled[6]) < 1e-4
+    assert eager_top[0].startswith("↳ top kernels:") and compiled_top[0].startswith("↳ top kernels:")
+    assert os.path.isfile(os.path.join(options.profiles, "profile_float32.txt"))
+
+
+def test_the_runs_report_their_figures(folders, options):
+    (embedded, cpu) = rows(gpu_check.step_embedded(SHAPES, folders, options))
     assert embedded[1] == "1" and float(embedded[2]) > 0 and 0 <= float(embedded[3].split()[0]) <= 1
-    ((model, size, estimated, _, *seconds),) = rows(gpu_check.step_scale(SHAPES, folders))
-    assert model == SHAPES["numerics"] and int(size) >= 1 and estimated.endswith("(passes only)")
-    assert all(float(value) > 0 for value in seconds)
-    eager, compiled, generate = rows(gpu_check.step_generation(SHAPES, folders)[2:])
-    assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(generate[1]) > 0
-    assert compiled[1] == "not in the dry run"  # its tokens: tests/test_group_real_models.py
+    ((model, seconds, size, estimated, _, *phases),) = rows(gpu_check.step_scale(SHAPES, folders, options))
+    assert model.startswith(SHAPES["scale"][0]) and int(size) >= 1 and estimated.endswith("(passes only)")
+    assert float(seconds) > 0 and all(value.endswith("%") or float(value) >= 0 for value in phases)
+    ((card, *_),) = rows(gpu_check.step_card(SHAPES, folders, options))
+    assert card == f"gspo.py --model {SHAPES['card']} --group-size 8"
+    generate, compiled = rows(gpu_check.step_hf(SHAPES, folders, options))
+    assert generate[0] == "generate" and float(generate[1]) > 0 and compiled[1] == "not in the dry run"
 
 
-def test_the_refusals_are_one_line_each(folders):
-    lines = gpu_check.step_refusals(SHAPES, folders)
+def test_the_refusals_are_one_line_each(folders, options):
+    lines = gpu_check.step_refusals(SHAPES, folders, options)
     assert len(lines) == 3 and all(": error: " in line and "\n" not in line for line in lines)
     assert "--micro-batch-size must be >= 1 and divide the minibatch" in lines[0]
     # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments)

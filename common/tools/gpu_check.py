@@ -2,35 +2,39 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check                                # one GPU: at most 9 minutes
-    python -m common.tools.gpu_check --out common/results/gpu.md    # the tables also written to a file
-    python -m common.tools.gpu_check --dry-run                      # tiny shapes on the CPU: the suite runs it
+    python -m common.tools.gpu_check --out gpu.md                     # one GPU: about 8 minutes
+    python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
+    python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
 
-Each step runs in a process of its own, bounded in time; it prints its table when it ends, or one
-line when it fails or runs out of time, and the next step begins.
+Each step runs in a process of its own, bounded in time; it prints its table when it ends, or one line when it
+fails or runs out of time, and the next step begins. `--out` is rewritten after every step, with the profiles
+beside it, so a check cut short keeps what it measured. The steps, most valuable first:
 
-1. machine: torch, CUDA, transformers, the card and its memory.
-2. numerics of the GPU recipe (bfloat16 autocast, the output layer in float32), for each group file on
-   one batch: the largest |log π_θ − log π_θold| at the first step (0 exactly: the update's pass reads
-   the scoring pass's kernels), the sampler gap (mean, max), and one gradient step (SGD at lr 1, so
-   the step is the clipped gradient) against the same step in float32: ‖Δ − Δ_float32‖ / ‖Δ_float32‖.
-   At ratio 1 with responses of one length (random weights rarely stop) the five losses share one
-   gradient direction: alike rows say the files' code paths agree, not that their math does.
-3. embedded: `python grpo.py` with no flag: seconds per iteration and the held-out accuracy at the
-   end, beside the CPU's.
-4. scale: Qwen2.5-0.5B's and -1.5B's configurations under grpo.py with the GPU defaults (2
-   iterations, the first warming up): the pass size chosen, the memory estimate beside the measured
-   peak (torch.cuda.max_memory_allocated), seconds per phase, generated tokens per second.
-5. generation: one iteration's batch on Qwen2.5-0.5B's configuration: `sample` eager and compiled
-   (--compile-decoding: the compile seconds, and the share of responses whose tokens are eager's:
-   its float32 rounding differs, so a rare draw can flip) against Hugging Face's `generate` (the
-   same batch, sampling at temperature 1, no top-k).
-6. refusals that stay one line on a GPU: a pass size that does not divide the minibatch, and
-   Qwen2.5-7B and -14B fully fine-tuned on one card (refused where the training state leaves no room for a pass).
+1. machine: torch, CUDA, transformers, the card, and its ceilings as measured (a bfloat16 matrix product, a copy).
+2. generation: one default iteration's batch (32 prompts × 8 responses × 256 tokens) on Qwen2.5-0.5B's
+   configuration made peaky (its final norm scaled so that the next token's entropy is SmolLM2's, 0.7 nats: a
+   trained model's, where rounding moves few draws): `sample` eager, then compiled with the output layer in
+   float32, TF32 or bfloat16; with --before, the other checkout's compiled `sample` beside them. Per row: seconds,
+   tokens/s, the bytes a step must move per second against a copy's, the compile, the share of eager's responses
+   drawn alike, the sampler gap (|log π of the sampler − of the scoring pass|), the peak memory; and a
+   torch.profiler table of the compiled steps' kernels, written beside --out.
+3. scale: Qwen2.5-0.5B's configuration with the GPU defaults and Qwen2.5-1.5B's at 8 × 16 × 512 tokens under
+   grpo.py, 2 iterations (the first warms up): the pass size, the memory estimate beside the measured peak
+   (torch.cuda.max_memory_allocated), seconds per phase, MFU of scoring and of the update, generation's bytes/s.
+4. card: the README's card command, `gspo.py --group-size 8` with gpt2's configuration and the GPU defaults.
+5. numerics of the GPU recipe (bfloat16 autocast, the output layer in float32) on the peaky model, each group file
+   on one batch: the largest |log π_θ − log π_θold| at the first step (0 exactly: the update's pass reads the
+   scoring pass's kernels), the sampler gap (mean, max), and one gradient step (SGD at lr 1, so the step is the
+   clipped gradient) against the same step in float32: ‖Δ − Δ_float32‖ / ‖Δ_float32‖. At ratio 1 with responses
+   of one length the five losses share one gradient direction: alike rows say the files' code paths agree.
+6. hf: Hugging Face's `generate` on the generation step's batch, as it comes and with the static cache and
+   torch.compile its documentation recommends.
+7. refusals that stay one line on a GPU: a pass size that does not divide the minibatch, and Qwen2.5-7B and -14B
+   fully fine-tuned on one card (refused where the training state leaves no room for a pass).
+8. embedded: `python grpo.py` with no flag: seconds per iteration and the held-out accuracy, beside the CPU's.
 """
 
 import argparse
-import copy
 import os
 import random
 import re
@@ -45,38 +49,374 @@ if ROOT not in sys.path:  # the group files are imported by name
     sys.path.insert(0, ROOT)
 
 MODULES = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
+ENTROPY = 0.7  # nats: SmolLM2-135M-Instruct's mean entropy per sampled token at its first iteration (addition2)
 # What each step runs on: a GPU, or the dry run's tiny shapes on the CPU (B prompts × G responses, T new tokens).
 SHAPES = {
-    "gpu": dict(numerics="qwen2.5-0.5b", scale=["qwen2.5-0.5b", "qwen2.5-1.5b"], generation="qwen2.5-0.5b",
-                B=32, G=8, T=256, compile=True, embedded=[], scale_flags=["--num-iterations", "2"]),
-    "dry": dict(numerics="qwen2.5-tiny", scale=["qwen2.5-tiny"], generation="qwen2.5-tiny", B=4, G=4, T=8,
-                compile=False, embedded=["--num-iterations", "1", "--eval-size", "8"],
-                scale_flags=["--num-iterations", "2", "--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
+    "gpu": dict(model="qwen2.5-0.5b", B=32, G=8, T=256, output_layers=["float32", "bfloat16", "tf32"], hf_compile=True,
+                scale=("qwen2.5-0.5b", []), large=("qwen2.5-1.5b", ["--prompts-per-iteration", "8", "--group-size",
+                                                                    "16", "--max-new-tokens", "512"]),
+                card="gpt2-124m", embedded=[], runs=["--num-iterations", "2", "--eval-size", "1"]),
+    "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, output_layers=["float32"], hf_compile=False,
+                scale=("qwen2.5-tiny", ["--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
+                large=("gpt2-tiny", ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "8"]),
+                card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
+                runs=["--num-iterations", "2", "--eval-size", "1", "--no-compile-decoding"]),
 }
-# Each step's limit: 535 s in all, so that with the models' building (~20 s) the check stays within the 10 minutes
-# of one call to a lent GPU (seen on an H200: machine 7 s, numerics 27, embedded 43, generation 75-110+, refusals
-# 10-14; 3 iterations of Qwen2.5-0.5B took over 60 s, so scale runs 2, the first warming up)
-STEP_SECONDS = {"machine": 20, "numerics": 45, "embedded": 65, "scale": 240, "generation": 150, "refusals": 15}
+# Each step's limit in seconds: 470 in all, so that with the models' building (~20 s) the check fits a call of 8
+# minutes to a lent GPU. Seen on an H200 (results/gpu.md): a compile of Qwen2.5-0.5B's decoding step 29-38 s.
+STEP_SECONDS = {"machine": 15, "generation": 210, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
+                "hf": 60, "refusals": 15, "embedded": 60}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
 EMBEDDED_ON_CPU = "| a CPU core (common/results/group.md) | 150 | 0.17 | 0.908 (the mean of the last 3 evaluations) |"
 
 
-def step_machine(shapes, folders) -> list[str]:
+def device_and_autocast():
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return device, torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
+def step_machine(shapes, folders, options) -> list[str]:
     import torch
     import transformers
 
-    lines = ["| torch | CUDA | transformers | device | memory |", "|---|---|---|---|---|"]
-    if torch.cuda.is_available():
+    from common.perf import machine_ceilings
+
+    device, _ = device_and_autocast()
+    flops, copy = machine_ceilings(device)
+    name, memory = f"CPU, {os.cpu_count()} cores", "-"
+    if device.type == "cuda":
         card = torch.cuda.get_device_properties(0)
-        device, memory = card.name, f"{card.total_memory / 2**30:.1f} GiB"
-    else:
-        device, memory = f"CPU, {os.cpu_count()} cores", "-"
-    return lines + [f"| {torch.__version__} | {torch.version.cuda or '-'} | {transformers.__version__} | {device} | "
-                    f"{memory} |"]
+        name, memory = card.name, f"{card.total_memory / 2**30:.1f} GiB"
+    unit = "bfloat16" if device.type == "cuda" else "float32"
+    return ["| torch | CUDA | transformers | device | memory | matrix product | copy |", "|---" * 7 + "|",
+            f"| {torch.__version__} | {torch.version.cuda or '-'} | {transformers.__version__} | {name} | {memory} | "
+            f"{flops / 1e12:,.1f} TFLOP/s ({unit}) | {copy / 1e12:.2f} TB/s |"]
 
 
-def step_numerics(shapes, folders) -> list[str]:
+def make_peaky(folder: str, entropy: float = ENTROPY) -> float:
+    """Scale the final norm of the random model in `folder` so that its next token's mean entropy on the check's
+    prompts is `entropy`; the scale. A random model's next token is near uniform over its vocabulary (11.8 nats of
+    11.9 for Qwen2.5-0.5B), where any rounding moves a draw; a trained model's is peaked."""
+    import torch
+
+    from common import policy, sampling
+    from common.tasks import get_task
+
+    device, autocast = device_and_autocast()
+    tokenizer, model = policy.load_policy(folder, device)
+    task = get_task("addition")
+    prompt_ids, prompt_mask = sampling.PromptFormat(tokenizer, task, 0, model=model).encode(
+        [question for question, _ in task.prompts(16, random.Random(1))], device)
+    norm = model.base_model.norm.weight  # the final norm of a Llama-like model (Qwen, SmolLM2)
+    start = norm.detach().clone()
+
+    @torch.no_grad()
+    def mean_entropy(scale: float) -> float:
+        norm.copy_(start * scale)
+        with autocast:
+            logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, logits_to_keep=1).logits[:, -1].float()
+        return float(torch.special.entr(torch.softmax(logits, dim=-1)).sum(dim=-1).mean())
+
+    low, high = 1.0, 1e4  # the entropy falls as the scale grows: bisect in log space
+    for _ in range(30):
+        middle = (low * high) ** 0.5
+        low, high = (middle, high) if mean_entropy(middle) > entropy else (low, middle)
+    mean_entropy(high)
+    model.save_pretrained(folder)
+    return high
+
+
+def sampler_gap(grpo, model, samples, autocast, group_size: int) -> float:
+    """Mean |log-prob the sampler kept − the scoring pass's| over the responses' tokens, as a run logs it."""
+    import torch
+
+    args, forward = grpo.Args(temperature=1.0, group_size=group_size), grpo.Forward(autocast, share_prompt=True)
+    gaps = []
+    for start in range(0, len(samples.responses), 16):
+        inds = torch.arange(start, min(start + 16, len(samples.responses)), device=samples.responses.device)
+        with torch.no_grad():
+            scored = grpo.logprobs_of(model, samples, inds, args, forward)
+        gaps.append((samples.logprobs[inds] - scored)[samples.mask[inds].bool()].abs())
+    return float(torch.cat(gaps).mean())
+
+
+def timed(call, device, repeats: int = 1):
+    """The result of the last of `repeats` calls, and the median seconds (each call seeded alike)."""
+    import torch
+
+    seconds = []
+    for _ in range(repeats):
+        torch.manual_seed(0)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return result, statistics.median(seconds)
+
+
+def profile_table(call, device, path: str, rows: int = 25) -> str:
+    """torch.profiler over one call: the table of the kernels (or CPU operations) by their own time, written to
+    `path`; returns its top 4 as one line (name, share of the device time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    try:
+        with profile(activities=activities) as profiler:
+            timed(call, device)
+        events = profiler.key_averages()
+        key = "self_device_time_total" if cuda else "self_cpu_time_total"
+        with open(path, "w") as f:
+            f.write(events.table(sort_by=key, row_limit=rows, max_name_column_width=90))
+        kernels = [event for event in events if getattr(event, key) > 0 and (not cuda or event.key[:4] != "aten")]
+        total = sum(getattr(event, key) for event in kernels) or 1
+        top = sorted(kernels, key=lambda event: -getattr(event, key))[:4]
+        return "; ".join(f"{event.key[:60]} {getattr(event, key) / total:.0%}" for event in top)
+    except Exception as e:  # the row's figures matter more than its profile
+        return f"no profile: {type(e).__name__}: {str(e)[:100]}"
+
+
+def generation_batch(shapes, folder: str):
+    """The model, its prompt format and the batch's questions, as both checkouts' `sample` takes them."""
+    from common import policy, sampling
+    from common.tasks import get_task
+
+    device, autocast = device_and_autocast()
+    tokenizer, model = policy.load_policy(folder, device)
+    task = get_task("addition")
+    prompt_format = sampling.PromptFormat(tokenizer, task, 0, model=model)
+    questions = [question for question, _ in task.prompts(shapes["B"], random.Random(0))]
+    return model.eval(), prompt_format, questions, device, autocast
+
+
+def decoding_figures(grpo, model, samples, eager, autocast, shapes) -> dict:
+    """How a way of decoding drew: its shapes, its share of eager's responses drawn alike (and the median token
+    where the others part from them), its sampler gap."""
+    import torch
+
+    responses, same = samples.responses, "-"
+    if eager is not None:
+        eager, pad = eager.to(responses.device), torch.nn.functional.pad
+        width = max(eager.shape[1], responses.shape[1])
+        differs = pad(eager, (0, width - eager.shape[1]), value=-1) != pad(responses, (0, width - responses.shape[1]),
+                                                                             value=-1)
+        parted = differs.float().argmax(dim=1)[differs.any(dim=1)]
+        same = f"{1 - len(parted) / len(differs):.0%}" + (
+            f", the rest part at token {parted.float().median():.0f}" if len(parted) else "")
+    return {"decoding": [len(responses), samples.prompt_ids.shape[1] + responses.shape[1], responses.shape[1]],
+            "same": same, "gap": sampler_gap(grpo, model, samples, autocast, shapes["G"])}
+
+
+def decoding_row(name: str, model, figures: dict, seconds: float, first: str, peak: str) -> str:
+    """A table row of a way to decode: its speed, its bandwidth use, its tokens beside eager's, its sampler gap."""
+    from common.perf import Roofline
+
+    rows, columns, steps = figures["decoding"]
+    work = {"perf/decoding_rows": rows, "perf/decoding_columns": columns, "perf/decoding_steps": steps,
+            "perf/pass_tokens": 0, "perf/pass_logit_tokens": 0, "perf/pass_attention_pairs": 0,
+            "perf/generate_seconds": seconds}
+    use = Roofline(model, argparse.Namespace(update_epochs=1, lora_rank=0), cuda=model.device.type == "cuda"
+                        ).figures(work)
+    return (f"| {name} | {seconds:.2f} | {rows * steps / seconds:,.0f} | "
+            f"{use['perf/generate_bytes_per_second'] / 1e9:,.0f} ({use['perf/generate_bandwidth_share']:.0%}) | "
+            f"{first} | {figures['same']} | {figures['gap']:.1e} | {peak} |")
+
+
+def say(lines: list[str]) -> list[str]:
+    """Lines of a step's table, printed as they come: a step stopped at its limit keeps them."""
+    print("\n".join(f"@@ {line}" for line in lines), flush=True)
+    return lines
+
+
+def peak_memory(device) -> str:
+    import torch
+
+    return f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB" if device.type == "cuda" else "-"
+
+
+def step_generation(shapes, folders, options) -> list[str]:
+    """sample eager, then compiled with each output layer, on one default iteration's batch (see the docstring)."""
+    import torch
+
+    import grpo
+    from common import decoding
+
+    folder = options.generation_model or folders[shapes["model"]]
+    model, prompt_format, questions, device, autocast = generation_batch(shapes, folder)
+
+    def draw(compiled: bool):
+        args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=compiled)
+        with torch.no_grad(), autocast:
+            return grpo.sample(model, prompt_format, questions, args, device, shapes["G"])
+
+    name = os.path.basename(options.generation_model) if options.generation_model else f"{shapes['model']}, peaky"
+    lines = say([f"{shapes['B']} prompts × {shapes['G']} responses × up to {shapes['T']} tokens ({name}), "
+                 f"{'bfloat16 autocast' if device.type == 'cuda' else 'float32'}:", "",
+                 "| decoding | seconds | tokens / s | GB/s a step must move (of a copy's) | first call (compiles) | "
+                 "eager's responses | sampler gap mean | peak memory |", "|---|---|---|---|---|---|---|---|"])
+    eager, seconds = timed(lambda: draw(False), device)
+    torch.save(eager.responses.cpu(), os.path.join(options.work, "eager.pt"))  # for --before's row
+    figures = decoding_figures(grpo, model, eager, None, autocast, shapes)
+    top = profile_table(lambda: draw(False), device, os.path.join(options.profiles, "profile_eager.txt"))
+    lines += say([decoding_row("sample, eager", model, figures, seconds, "-", peak_memory(device)),
+                  f"|  ↳ top kernels: {top} | | | | | | | |"])
+    for output_layer in shapes["output_layers"]:
+        decoding.OUTPUT_LAYER = output_layer
+        decoding._decoding_models.clear()  # a decoding model for this output layer
+        decoding._caches.clear()
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        _, first = timed(lambda: draw(True), device)
+        samples, seconds = timed(lambda: draw(True), device, repeats=3)
+        top = profile_table(lambda: draw(True), device, os.path.join(options.profiles, f"profile_{output_layer}.txt"))
+        figures = decoding_figures(grpo, model, samples, eager.responses, autocast, shapes)
+        lines += say([decoding_row(f"sample, compiled, {output_layer} output layer", model, figures, seconds,
+                                   f"{first:.1f} s", peak_memory(device)), f"|  ↳ top kernels: {top} | | | | | | | |"])
+    if options.before:
+        lines += say(before_rows(model, options))
+    return lines
+
+
+def before_rows(model, options) -> list[str]:
+    """The other checkout's compiled `sample` (--before), in a process that imports that checkout's code."""
+    import json
+
+    command = [sys.executable, os.path.abspath(__file__), "--step", "before", "--root", options.before,
+               "--folders", options.folders, "--work", options.work, "--profiles", options.profiles,
+               *(["--dry-run"] if options.dry_run else [])]
+    result = subprocess.run(command, cwd=options.before, text=True, capture_output=True)
+    if result.returncode != 0 or "@@table" not in result.stdout:
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+        return [f"| --before: failed: {tail[0][:200]} | | | | | | | |"]
+    figures = json.loads(result.stdout.split("@@table\n", 1)[1].splitlines()[0])
+    return [decoding_row("sample, compiled (--before's code)", model, figures, figures["seconds"], figures["first"],
+                         figures["peak"]), f"|  ↳ top kernels: {figures['top']} | | | | | | | |"]
+
+
+def step_before(shapes, folders, options) -> list[str]:
+    """Run in the --before checkout: its compiled `sample` as that checkout wrote it; its figures as one JSON line
+    (this file's arithmetic may be newer than that checkout's)."""
+    import json
+
+    import torch
+
+    import grpo
+
+    model, prompt_format, questions, device, autocast = generation_batch(
+        shapes, options.generation_model or folders[shapes["model"]])
+
+    def draw():
+        args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=True)
+        with torch.no_grad(), autocast:
+            return grpo.sample(model, prompt_format, questions, args, device, shapes["G"])
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    _, first = timed(draw, device)
+    samples, seconds = timed(draw, device, repeats=3)
+    top = profile_table(draw, device, os.path.join(options.profiles, "profile_before.txt"))
+    eager = torch.load(os.path.join(options.work, "eager.pt"))
+    figures = decoding_figures(grpo, model, samples, eager, autocast, shapes)
+    return [json.dumps({**figures, "seconds": seconds, "first": f"{first:.1f} s", "peak": peak_memory(device),
+                        "top": top})]
+
+
+def run_script(script: str, flags: list[str], timeout: float) -> tuple[str, dict]:
+    """`python <script> <flags>` in a folder of its own: its console and its TensorBoard scalars; a run stopped at
+    its limit gives what it logged until then, its console ending "stopped at the step's limit"."""
+    with tempfile.TemporaryDirectory() as cwd:
+        process = subprocess.Popen([sys.executable, os.path.join(ROOT, script), *flags], cwd=cwd, text=True,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+            stdout += "\nstopped at the step's limit"
+        else:
+            if process.returncode != 0:
+                tail = (stderr.strip() or stdout.strip()).splitlines()[-1:]
+                raise RuntimeError(f"{script} {' '.join(flags)} failed: {' '.join(tail)}")
+        from common.tools.scale import scalars
+
+        runs = os.listdir(os.path.join(cwd, "runs")) if os.path.isdir(os.path.join(cwd, "runs")) else []
+        return stdout, scalars(os.path.join(cwd, "runs", runs[0])) if runs else {}
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values[1:] if len(values) > 1 else values)  # the first iteration warms up
+
+
+def step_embedded(shapes, folders, options) -> list[str]:
+    console, values = run_script("grpo.py", ["--seed", "1", *shapes["embedded"]], STEP_SECONDS["embedded"] - 5)
+    held_out = re.findall(r"held-out ([\d.]+) \(greedy ([\d.]+)\)", console)[-1]
+    seconds = sum(median(values[f"perf/{phase}_seconds"]) for phase in ("generate", "logprob", "update"))
+    return ["| where | iterations | s / iteration (generate + log-probs + update) | held-out at the end (greedy) |",
+            "|---|---|---|---|",
+            f"| here | {len(values['perf/iteration_seconds'])} | {seconds:.2f} | {held_out[0]} ({held_out[1]}) |",
+            EMBEDDED_ON_CPU]
+
+
+def scale_row(name: str, console: str, values: dict, card) -> str:
+    """A run's pass size, its memory estimate beside its measured peak, and its figures per phase."""
+    sized = re.search(r"--micro-batch-size (\d+) .*within ([\d.]+) GiB, at an estimated ([\d,.]+) MB each", console)
+    if sized is None:
+        return f"| {name} | {console.strip().splitlines()[-1][:200] if console.strip() else 'no output'} |"
+    size, budget, per_response = sized.groups()
+    per_response = float(per_response.replace(",", "")) * 2**20
+    if card is None:  # the CPU's budget is fixed: no card to estimate a peak against
+        estimated = f"{int(size) * per_response / 2**30:.2f} GiB (passes only)"
+    else:  # the budget is half of what 90 % of the card leaves after the state: the state is the rest
+        state = 0.9 * card - 2 * float(budget) * 2**30
+        estimated = f"{(state + int(size) * per_response) / 2**30:.1f} GiB"
+    peak = max(values.get("perf/peak_gpu_memory_gb", [0.0]))
+    phases = [f"{median(values.get(f'perf/{p}_seconds', [0.0])):.2f}" for p in ("generate", "logprob", "update")]
+    mfu = [f"{100 * median(values.get(f'perf/{phase}_mfu', [0.0])):.2g}%" for phase in ("logprob", "update")]
+    bandwidth = median(values.get("perf/generate_bytes_per_second", [0.0])) / 1e9
+    return (f"| {name} | {median(values.get('perf/iteration_seconds', [0.0])):.2f} | {size} | {estimated} | "
+            f"{f'{peak:.1f} GiB' if card else '-'} | {' | '.join(phases)} | {' | '.join(mfu)} | {bandwidth:,.0f} |")
+
+
+SCALE_HEADER = ["| model | s / iteration | pass size | estimated peak | measured peak | generate s | log-probs s | "
+                "update s | log-probs MFU | update MFU | generate GB/s |", "|---" * 11 + "|"]
+
+
+def step_scale(shapes, folders, options, which: str = "scale") -> list[str]:
+    """grpo.py's defaults on real shapes: the pass size and its estimate against the measured peak, the phases."""
+    import torch
+
+    card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    name, flags = shapes[which]
+    limit = STEP_SECONDS["scale" if which == "scale" else "scale-large"] - 5
+    console, values = run_script("grpo.py", ["--model", folders[name], *shapes["runs"], *flags], limit)
+    return [*SCALE_HEADER, scale_row(name + (f" ({' '.join(flags[1::2])})" if flags else ""), console, values, card),
+            *([f"(stopped at the step's limit of {limit:.0f} s after {len(values.get('perf/iteration_seconds', []))} "
+               "iterations)"] if console.endswith("stopped at the step's limit") else [])]
+
+
+def step_scale_large(shapes, folders, options) -> list[str]:
+    return step_scale(shapes, folders, options, which="large")
+
+
+def step_card(shapes, folders, options) -> list[str]:
+    """The card's command: `python gspo.py --model gpt2 --group-size 8`, gpt2's configuration with random weights."""
+    import torch
+
+    card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
+    console, values = run_script("gspo.py", ["--model", folders[shapes["card"]], "--group-size", "8", *shapes["runs"]],
+                                 STEP_SECONDS["card"] - 5)
+    return [*SCALE_HEADER, scale_row(f"gspo.py --model {shapes['card']} --group-size 8", console, values, card),
+            *(["(stopped at the step's limit)"] if console.endswith("stopped at the step's limit") else [])]
+
+
+def step_numerics(shapes, folders, options) -> list[str]:
     """The GPU recipe against float32, each group file on the same batch (see the module's docstring)."""
+    import copy
     import importlib
 
     import torch
@@ -85,11 +425,11 @@ def step_numerics(shapes, folders) -> list[str]:
     from common.tasks import get_task
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    lines = ["| file | first step's max \\|log-ratio\\| | sampler gap mean | sampler gap max | "
-             "step vs float32's, relative |", "|---|---|---|---|---|"]
+    lines = say(["| file | first step's max \\|log-ratio\\| | sampler gap mean | sampler gap max | "
+                 "step vs float32's, relative |", "|---|---|---|---|---|"])
     for name in MODULES:
         module = importlib.import_module(name)
-        args = module.Args(model=folders[shapes["numerics"]], task="addition", few_shot=0, prompts_per_iteration=4,
+        args = module.Args(model=folders[shapes["model"]], task="addition", few_shot=0, prompts_per_iteration=4,
                            group_size=4, max_new_tokens=16, num_minibatches=1, beta=0.04, learning_rate=1.0)
         policy.resolve_defaults(args, beta=module.BETA)
         tokenizer, recipe_model = policy.load(args, device)
@@ -126,142 +466,46 @@ def step_numerics(shapes, folders) -> list[str]:
             module.update_policy(model, torch.optim.SGD(trained.values(), lr=1.0), rollout, epochs, args, forward)
             steps[which] = torch.cat([(p.detach() - before[n]).flatten() for n, p in trained.items()])
         relative = (steps["recipe"] - steps["float32"]).norm() / steps["float32"].norm()
-        lines.append(f"| {name}.py | {log_ratio:.1e} | {gap.mean():.1e} | {gap.max():.1e} | {relative:.3f} |")
-        print(lines[-1], flush=True)
+        lines += say([f"| {name}.py | {log_ratio:.1e} | {gap.mean():.1e} | {gap.max():.1e} | {relative:.3f} |"])
     return lines
 
 
-def run_script(flags: list[str], timeout: float) -> tuple[str, dict]:
-    """`python grpo.py <flags>` in a folder of its own: its console and its TensorBoard scalars."""
-    with tempfile.TemporaryDirectory() as cwd:
-        result = subprocess.run([sys.executable, os.path.join(ROOT, "grpo.py"), *flags], cwd=cwd, text=True,
-                                capture_output=True, timeout=timeout)
-        if result.returncode != 0:
-            tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:]
-            raise RuntimeError(f"grpo.py {' '.join(flags)} failed: {' '.join(tail)}")
-        from common.tools.scale import scalars
-
-        runs = os.listdir(os.path.join(cwd, "runs"))
-        return result.stdout, scalars(os.path.join(cwd, "runs", runs[0]))
-
-
-def median(values: list[float]) -> float:
-    return statistics.median(values[1:] if len(values) > 1 else values)  # the first iteration warms up
-
-
-def step_embedded(shapes, folders) -> list[str]:
-    console, values = run_script(["--seed", "1", *shapes["embedded"]], STEP_SECONDS["embedded"] - 10)
-    held_out = re.findall(r"held-out ([\d.]+) \(greedy ([\d.]+)\)", console)[-1]
-    seconds = sum(median(values[f"perf/{phase}_seconds"]) for phase in ("generate", "logprob", "update"))
-    return ["| where | iterations | s / iteration (generate + log-probs + update) | held-out at the end (greedy) |",
-            "|---|---|---|---|",
-            f"| here | {len(values['perf/iteration_seconds'])} | {seconds:.2f} | {held_out[0]} ({held_out[1]}) |",
-            EMBEDDED_ON_CPU]
-
-
-def step_scale(shapes, folders) -> list[str]:
-    """grpo.py's defaults on real shapes: the pass size and its estimate against the measured peak."""
+def step_hf(shapes, folders, options) -> list[str]:
+    """Hugging Face's generate on the generation step's batch, the model in bfloat16 as its documentation loads it:
+    as it comes, and with the static cache (which compiles the forward on a GPU, as the documentation recommends;
+    under autocast it fails: its cache takes the float32 dtype of the weights), sampling at temperature 1, no top-k."""
     import torch
 
-    card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    lines = ["| model | pass size | estimated peak | measured peak | generate s | log-probs s | update s | "
-             "tokens / s |", "|---|---|---|---|---|---|---|---|"]
-    for name in shapes["scale"]:
-        limit = STEP_SECONDS["scale"] / len(shapes["scale"]) - 10
-        try:
-            console, values = run_script(["--model", folders[name], "--eval-size", "1", *shapes["scale_flags"]], limit)
-        except subprocess.TimeoutExpired:
-            lines.append(f"| {name} | ran out of its {limit:.0f} s | | | | | | |")
-            print(lines[-1], flush=True)
-            continue
-        size, budget, per_response = re.search(
-            r"--micro-batch-size (\d+) .*within ([\d.]+) GiB, at an estimated ([\d,.]+) MB each", console).groups()
-        per_response = float(per_response.replace(",", "")) * 2**20
-        if card is None:  # the CPU's budget is fixed: no card to estimate a peak against
-            estimated = f"{int(size) * per_response / 2**30:.2f} GiB (passes only)"
-        else:  # the budget is half of what 90 % of the card leaves after the state: the state is the rest
-            state = 0.9 * card - 2 * float(budget) * 2**30
-            estimated = f"{(state + int(size) * per_response) / 2**30:.1f} GiB"
-        peak = max(values.get("perf/peak_gpu_memory_gb", [0.0]))
-        phases = [f"{median(values[f'perf/{phase}_seconds']):.2f}" for phase in ("generate", "logprob", "update")]
-        lines.append(f"| {name} | {size} | {estimated} | {f'{peak:.1f} GiB' if card else '-'} | "
-                     f"{' | '.join(phases)} | {median(values['charts/tokens_per_second']):.0f} |")
-        print(lines[-1], flush=True)
-    return lines
+    from common import policy
 
-
-def step_generation(shapes, folders) -> list[str]:
-    """sample eager and compiled against generate, one batch of B × G responses of T tokens."""
-    import torch
-
-    import grpo
-    from common import policy, sampling
-    from common.tasks import get_task
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer, model = policy.load_policy(folders[shapes["generation"]], device)
-    model.eval()
-    task = get_task("addition")
-    prompt_format = sampling.PromptFormat(tokenizer, task, 0, model=model)
-    questions = [question for question, _ in task.prompts(shapes["B"], random.Random(0))]
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-    def timed(call):
-        torch.manual_seed(0)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        with torch.no_grad(), autocast:
-            result = call()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return result, time.perf_counter() - start
-
-    def draw(compiled: bool):
-        args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=compiled)
-        return grpo.sample(model, prompt_format, questions, args, device, shapes["G"])
-
-    def sampler_gap(samples) -> str:  # mean |log-prob the sampler kept − the scoring pass's|, as in numerics
-        args, forward = grpo.Args(temperature=1.0, group_size=shapes["G"]), grpo.Forward(autocast, share_prompt=True)
-        gaps = []
-        for start in range(0, len(samples.responses), 16):
-            inds = torch.arange(start, min(start + 16, len(samples.responses)), device=device)
-            with torch.no_grad():
-                scored = grpo.logprobs_of(model, samples, inds, args, forward)
-            gaps.append((samples.logprobs[inds] - scored)[samples.mask[inds].bool()].abs())
-        return f"{torch.cat(gaps).mean():.1e}"
-
-    eager, eager_seconds = timed(lambda: draw(False))
-    if shapes["compile"]:
-        _, first_call = timed(lambda: draw(True))
-        compiled, compiled_seconds = timed(lambda: draw(True))
-        # bfloat16 sums in another order can flip a draw, and a response differs from there on: the median
-        # token at which they part says whether the two decode alike (a bug would part them at the first token)
-        differs = eager.responses != compiled.responses
-        parted = differs.float().argmax(dim=1)[differs.any(dim=1)]
-        same = f"{1 - len(parted) / len(differs):.1%} of the responses whole" + (
-            f", the rest part at token {parted.float().median():.0f} (median)" if len(parted) else "")
-        compiled_row = (f"| sample, --compile-decoding | {compiled_seconds:.2f} | "
-                        f"{eager.responses.numel() / compiled_seconds:,.0f} | {first_call:.1f} s | {same} | "
-                        f"{sampler_gap(compiled)} |")
-    else:  # tests/test_group_real_models.py checks its tokens; compiling costs the suite a minute
-        compiled_row = "| sample, --compile-decoding | not in the dry run | | | | |"
+    model, prompt_format, questions, device, _ = generation_batch(shapes, folders[shapes["model"]])
+    _, model = policy.load_policy(folders[shapes["model"]], device, float32_logits=False)
+    model = model.to(torch.bfloat16 if device.type == "cuda" else torch.float32).eval()
     ids, mask = prompt_format.encode(questions, device)
-    generated, generate_seconds = timed(lambda: model.generate(
-        input_ids=ids.repeat_interleave(shapes["G"], 0), attention_mask=mask.repeat_interleave(shapes["G"], 0),
-        do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=shapes["T"],
-        min_new_tokens=shapes["T"], pad_token_id=prompt_format.pad_id))
-    tokens = eager.responses.numel()
-    return [f"{shapes['B']} prompts × {shapes['G']} responses × {shapes['T']} tokens ({shapes['generation']}):", "",
-            "| decoding | seconds | tokens / s | first call (compiles) | eager's tokens | sampler gap mean |",
-            "|---|---|---|---|---|---|",
-            f"| sample, eager | {eager_seconds:.2f} | {tokens / eager_seconds:,.0f} | - | - | {sampler_gap(eager)} |",
-            compiled_row,
-            f"| Hugging Face generate | {generate_seconds:.2f} | "
-            f"{(generated.shape[1] - ids.shape[1]) * len(generated) / generate_seconds:,.0f} | - | - | - |"]
+    lines = say(["| decoding | seconds | tokens / s | first call (compiles) |", "|---|---|---|---|"])
+    for name, cache in (("generate", None), ("generate, static cache + torch.compile", "static")):
+        if cache and not shapes["hf_compile"]:
+            lines += say([f"| {name} | not in the dry run | | |"])
+            continue
+
+        def call():
+            with torch.no_grad():
+                return model.generate(input_ids=ids.repeat_interleave(shapes["G"], 0),
+                                      attention_mask=mask.repeat_interleave(shapes["G"], 0), do_sample=True,
+                                      temperature=1.0, top_k=None, top_p=None, max_new_tokens=shapes["T"],
+                                      min_new_tokens=shapes["T"], pad_token_id=prompt_format.pad_id,
+                                      cache_implementation=cache)
+        first = "-"
+        if cache:
+            _, first = timed(call, device)
+            first = f"{first:.1f} s"
+        generated, seconds = timed(call, device)
+        tokens = (generated.shape[1] - ids.shape[1]) * len(generated)
+        lines += say([f"| {name} | {seconds:.2f} | {tokens / seconds:,.0f} | {first} |"])
+    return lines
 
 
-def step_refusals(shapes, folders) -> list[str]:
+def step_refusals(shapes, folders, options) -> list[str]:
     """The lines a user gets; both are checked before anything heavy runs."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -294,22 +538,41 @@ def step_refusals(shapes, folders) -> list[str]:
     return lines
 
 
-STEPS = {"machine": step_machine, "numerics": step_numerics, "embedded": step_embedded, "scale": step_scale,
-         "generation": step_generation, "refusals": step_refusals}
+STEPS = {"machine": step_machine, "generation": step_generation, "scale": step_scale, "numerics": step_numerics,
+         "card": step_card, "scale-large": step_scale_large, "hf": step_hf, "refusals": step_refusals,
+         "embedded": step_embedded}
+NEEDS = {"generation": ["model"], "numerics": ["model"], "hf": ["model"], "card": ["card"]}  # the models each builds on
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (what the test suite runs)")
-    parser.add_argument("--out", default=None, help="also write the tables to this markdown file")
+    parser.add_argument("--out", default=None, help="also write the tables to this markdown file, and the profiles "
+                                                    "beside it")
     parser.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS), help="default: all")
-    parser.add_argument("--step", choices=list(STEPS), help=argparse.SUPPRESS)  # one step, in its own process
-    parser.add_argument("--folders", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    shapes = SHAPES["dry" if args.dry_run else "gpu"]
-    if args.step:  # a child: run one step, print its table
-        folders = dict(item.split("=", 1) for item in args.folders.split(";"))
-        print("\n".join(["@@table", *STEPS[args.step](shapes, folders)]), flush=True)
+    parser.add_argument("--before", default=None, help="another checkout (today's code, say): its compiled `sample` "
+                                                       "measured in the generation step beside this one's")
+    parser.add_argument("--generation-model", default=None, help="a model folder for the generation step instead of "
+                                                                 "the peaky random model (a trained model, say)")
+    parser.add_argument("--limits", nargs="+", default=[], metavar="STEP=SECONDS",
+                        help="other time limits for some steps (a short lease, say)")
+    for hidden in ("--step", "--folders", "--work", "--profiles", "--root"):  # a step's own process
+        parser.add_argument(hidden, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> None:
+    options = parse_args(argv)
+    shapes = SHAPES["dry" if options.dry_run else "gpu"]
+    for limit in options.limits:
+        step, seconds = limit.split("=")
+        STEP_SECONDS[step] = float(seconds)
+    if options.step:  # a child: run one step, print its table
+        if options.root:  # the --before checkout's own grpo.py and common/
+            sys.path.insert(0, os.path.abspath(options.root))
+        folders = dict(item.split("=", 1) for item in options.folders.split(";"))
+        step = step_before if options.step == "before" else STEPS[options.step]
+        print("\n".join(["@@table", *step(shapes, folders, options)]), flush=True)
         return
     import importlib.util
 
@@ -319,40 +582,56 @@ def main() -> None:
     missing = [name for name in ("tyro", "transformers", "tensorboard") if importlib.util.find_spec(name) is None]
     if missing:
         raise SystemExit(f"error: {', '.join(missing)} not installed: pip install -r requirements.txt first")
-    if not args.dry_run and not torch.cuda.is_available():
+    if not options.dry_run and not torch.cuda.is_available():
         raise SystemExit("error: no GPU here; `python -m common.tools.gpu_check --dry-run` runs tiny shapes on the CPU")
+    if options.before and not os.path.isfile(os.path.join(options.before, "grpo.py")):
+        raise SystemExit(f"error: --before {options.before}: no grpo.py there")
+    if options.generation_model and not os.path.isfile(os.path.join(options.generation_model, "config.json")):
+        raise SystemExit(f"error: --generation-model {options.generation_model}: no model folder there")
     from common.tools.scale import build_model
 
-    report = [f"# The GPU check ({'dry run: tiny shapes on the CPU' if args.dry_run else 'one GPU'})", ""]
+    report = [f"# The GPU check ({'dry run: tiny shapes on the CPU' if options.dry_run else 'one GPU'})", ""]
     with tempfile.TemporaryDirectory() as models:
+        wanted = {shapes[need] for step in options.steps for need in NEEDS.get(step, [])
+                  if not (options.generation_model and step == "generation")}
+        wanted |= {shapes[which][0] for which, step in (("scale", "scale"), ("large", "scale-large"))
+                   if step in options.steps}
         folders = {}
-        needs = {"numerics": [shapes["numerics"]], "scale": shapes["scale"], "generation": [shapes["generation"]]}
-        for name in sorted({name for step in args.steps for name in needs.get(step, [])}):
+        for name in sorted(wanted):
             folders[name] = os.path.join(models, name)
             build_model(name, folders[name])
-        for step in args.steps:
+        if shapes["model"] in folders:
+            report += [f"The peaky model: {shapes['model']}'s final norm scaled by "
+                       f"{make_peaky(folders[shapes['model']]):.1f} (next-token entropy {ENTROPY} nats).", ""]
+        profiles = os.path.dirname(os.path.abspath(options.out)) if options.out else models
+        for step in options.steps:
             start = time.time()
-            command = [sys.executable, "-m", "common.tools.gpu_check", "--step", step,
+            command = [sys.executable, "-m", "common.tools.gpu_check", "--step", step, "--work", models,
+                       "--profiles", profiles,
                        "--folders", ";".join(f"{k}={v}" for k, v in folders.items()) or "none=none",
-                       *(["--dry-run"] if args.dry_run else [])]
+                       *(["--before", os.path.abspath(options.before)] if options.before else []),
+                       *(["--generation-model", os.path.abspath(options.generation_model)]
+                         if options.generation_model else []),
+                       *(["--dry-run"] if options.dry_run else [])]
             try:
-                result = subprocess.run(command, cwd=ROOT, text=True, capture_output=True,
-                                        timeout=STEP_SECONDS[step])
+                result = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=STEP_SECONDS[step])
                 if result.returncode != 0 or "@@table" not in result.stdout:
                     tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
                     table = [f"failed: {tail[0][:300]}"]
                 else:
                     table = result.stdout.split("@@table\n", 1)[1].rstrip("\n").splitlines()
-            except subprocess.TimeoutExpired:
-                table = [f"ran out of its {STEP_SECONDS[step]} s"]
+            except subprocess.TimeoutExpired as e:  # what it printed before its limit
+                printed = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                table = [line[3:] for line in printed.splitlines() if line.startswith("@@ ")]
+                table.append(f"(ran out of its {STEP_SECONDS[step]:.0f} s)")
             section = [f"## {step} ({time.time() - start:.0f} s)", "", *table, ""]
             print("\n".join(section), flush=True)
             report += section
-            if args.out:  # after every step: a check cut short by its lease keeps the tables it has
-                with open(args.out, "w") as f:
+            if options.out:  # after every step: a check cut short by its lease keeps the tables it has
+                with open(options.out, "w") as f:
                     f.write("\n".join(report))
-    if args.out:
-        print(f"written: {args.out}")
+    if options.out:
+        print(f"written: {options.out}")
 
 
 if __name__ == "__main__":
