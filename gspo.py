@@ -148,8 +148,8 @@ def policy_loss(
     if ref_logprobs is not None and beta > 0:
         kl = masked_mean_per_response(kl_penalty(logprobs, ref_logprobs, kl_estimator), mask)
         per_response = per_response - beta * kl
-    # eq. (109): mean over the responses (1/G)
-    return -per_response.mean()
+    # eq. (109): mean over the responses (1/G); one the correction left no token of counts 0, as in GRPO
+    return -(per_response * (mask.sum(dim=1) > 0)).mean()
 
 
 def check_args(args: Args, world_size: int = 1) -> None:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from common.decoding import cast_weights, resolve_compiling
 from common.processes import is_sharded
-from common.sampling import resolve_correction
+from common.sampling import Correction, resolve_correction, sampler_differs
 from common.tasks import TASKS, get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,16 +58,16 @@ class ModelArgs:
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
     # Speed
     compile_decoding: Optional[bool] = None
-    """compile the decoding steps (common/decoding.py); None: on a GPU, for --max-new-tokens >= 128"""
+    """compile the decoding steps (20-40 s a shape; eager's tokens up to rounding); None: a GPU, from 128 tokens"""
     # The sampler: when it is not the trainer (common/EQUATIONS.md: the sampler is not π_θold)
     sampler_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     """sample with a copy of the weights in this dtype, refreshed after every update; None: no copy"""
     sampler_lag: int = 0
     """k: sample iteration n with the weights of iteration n − k (a pipeline's staleness); 0: the current"""
-    correction: Optional[Literal["none", "token-tis", "token-mask", "sequence-mask"]] = None
-    """for a sampler μ that is not π_θold: weigh or mask tokens by π_θold/μ; None: sequence-mask if it is not"""
+    correction: Optional[Correction] = None
+    """for a sampler μ that is not π_θold (common/EQUATIONS.md (124)-(127)); None: by the mismatch's kind"""
     correction_cap: Optional[float] = None
-    """C: token-tis's cap on π_θold/μ, or the masks' band [1/C, C]; None: 2 (sequence-mask: 1.03)"""
+    """C: the cap on π_θold/μ, or the band [1/C, C]; None: 2 (sequence-geo-reject 1.03, sequence-mis 3)"""
     old_logprobs: Literal["trainer", "sampler"] = "trainer"
     """π_θold of the ratio: rescored by the trainer, or the sampler's own log-probs (no scoring pass)"""
     # Evaluation and bookkeeping
@@ -203,7 +203,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
     if args.fsdp and processes == 1:
         raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
                          "--nproc_per_node N (N >= 2)")
-    if args.fsdp and (args.sampler_dtype is not None or args.sampler_lag > 0 or args.compile_decoding):
+    if args.fsdp and (sampler_differs(args.sampler_dtype, args.sampler_lag) or args.compile_decoding):
         raise SystemExit("error: --fsdp with --sampler-dtype, --sampler-lag or --compile-decoding: a sharded model "
                          "samples itself, gathered anew each time; use DDP (no --fsdp)")
     if args.old_logprobs == "sampler" and args.correction not in (None, "none"):

@@ -28,6 +28,7 @@ from common.checkpoints import refuse_another_method, refuse_changed_flags, save
 from common.perf import Roofline, work
 from common.policy import model_state_bytes
 from common.processes import global_fraction, global_max, global_mean, local, whole_weights
+from common.sampling import sampler_differs
 
 STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
 
@@ -293,7 +294,7 @@ class IterationLog:
         # the update's own statistics (clip, gate, KL): all but its loss and gradient norm
         update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
-        sampler = getattr(self.args, "sampler_dtype", None) or getattr(self.args, "sampler_lag", 0)
+        sampler = sampler_differs(getattr(self.args, "sampler_dtype", None), getattr(self.args, "sampler_lag", 0))
         if sampler and "charts/sampler_gap_mean" in logged:  # how far the sampler is from π_θold
             update += f"gap {logged['charts/sampler_gap_mean']:.2g}  "
         print(

@@ -18,7 +18,7 @@ import contextlib
 import copy
 import math
 import random
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 import torch.nn.functional as F
@@ -243,8 +243,8 @@ class Sampler:
         self.policy, self.lag = policy, lag
         self.copy = None
         self.history = collections.deque(maxlen=lag + 1)  # trained weights, oldest first
-        if dtype in (None, "float32") and lag == 0:
-            return  # the sampler is the trainer (float32 is its own: a GPU's autocast runs on float32 weights)
+        if not sampler_differs(dtype, lag):
+            return  # the sampler is the trainer
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         if dtype is not None:
             self.copy.to(getattr(torch, dtype))
@@ -289,30 +289,46 @@ class Sampler:
         self._sample_with(self.history[0])
 
 
-CORRECTIONS = ("none", "token-tis", "token-mask", "sequence-mask")
-CORRECTION = "sequence-mask"  # for a sampler that differs: the lab's choice (common/results/lab.md)
+def sampler_differs(dtype: Optional[str], lag: int) -> bool:
+    """Whether the weights that sample are not π_θold's: another dtype than float32 (the trainer's
+    own, under a GPU's autocast too), or the weights of an earlier update."""
+    return dtype not in (None, "float32") or lag > 0
+
+
+Correction = Literal["none", "token-tis", "token-reject", "token-icepop", "sequence-geo-reject", "sequence-mis"]
+# --correction left unset, by the kind of mismatch (common/EQUATIONS.md (124)-(128)):
+# a copy of the current weights in another dtype: token-level TIS, the fix the literature on bfloat16
+# samplers uses (Yao et al. 2025); weights k updates old: the geometric-mean rejection, which the lab
+# found to keep learning 4 updates stale (common/results/lab.md)
+CORRECTION = {"dtype": "token-tis", "lag": "sequence-geo-reject"}
+CAPS = {"sequence-geo-reject": 1.03, "sequence-mis": 3.0}  # C by mode; 2 for the others
 
 
 def resolve_correction(args) -> list[str]:
-    """--correction and its cap left unset: none when the sampler is the trainer; else the lab's
-    choice (common/results/lab.md: the sampler is not π_θold)."""
-    lines, differs = [], args.sampler_dtype is not None or args.sampler_lag > 0
+    """--correction and its cap left unset: none when the sampler is the trainer; else CORRECTION's
+    for the kind of mismatch (common/results/lab.md: the sampler is not π_θold)."""
+    lines, differs = [], sampler_differs(args.sampler_dtype, args.sampler_lag)
     if args.correction is None:
-        args.correction = CORRECTION if differs and args.old_logprobs == "trainer" else "none"
+        kind = "lag" if args.sampler_lag > 0 else "dtype"
+        args.correction = CORRECTION[kind] if differs and args.old_logprobs == "trainer" else "none"
         if differs:
-            lines.append(f"--correction {args.correction}  (the sampler is not the trainer)")
+            why = f"weights {args.sampler_lag} updates old" if kind == "lag" else f"a {args.sampler_dtype} copy"
+            lines.append(f"--correction {args.correction}  (the sampler is not the trainer: {why})")
     if args.correction_cap is None:
-        args.correction_cap = 1.03 if args.correction == "sequence-mask" else 2.0
+        args.correction_cap = CAPS.get(args.correction, 2.0)
     return lines
 
 
 def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):
     """The update's rollout for a sampler μ that is not π_θold, and the figures to log.
 
-    ρ_t = π_θold(y_t) / μ(y_t) per token. token-tis: each token's term weighed by min(ρ_t, C)
-    (truncated importance sampling); token-mask: tokens with ρ_t outside [1/C, C] leave the loss;
-    sequence-mask: responses whose geometric mean of ρ is outside [1/C, C] leave it. The figures
-    are over the tokens of responses with signal (Â ≠ 0), as the update's clip fraction is.
+    ρ_t = π_θold(y_t) / μ(y_t) per token (eq. 124). token-tis: each token's term weighed by
+    min(ρ_t, C) (truncated importance sampling, eq. 125); token-reject: tokens with ρ_t outside
+    [1/C, C] leave the loss, token-icepop: and the kept ones are weighed by ρ_t (eq. 126);
+    sequence-geo-reject: responses whose geometric mean of ρ is outside [1/C, C] leave it;
+    sequence-mis: responses whose product Π ρ is above C leave it, the kept ones weighed by it
+    (eq. 127). The figures are over the tokens of responses with signal (Â ≠ 0), as the update's
+    clip fraction is.
     """
     mask = rollout.mask
     log_rho = (rollout.old_logprobs - sampler_logprobs).clamp(-20.0, 20.0) * (mask > 0)  # [N, T]
@@ -320,11 +336,16 @@ def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):
     weights, kept = None, mask
     if correction == "token-tis":
         weights = log_rho.exp().clamp(max=cap)
-    elif correction == "token-mask":
+    elif correction in ("token-reject", "token-icepop"):
         kept = mask * (log_rho.abs() <= bound)
-    elif correction == "sequence-mask":
+        weights = log_rho.exp() if correction == "token-icepop" else None
+    elif correction == "sequence-geo-reject":
         geometric = log_rho.sum(dim=1) / (mask > 0).sum(dim=1).clamp(min=1)  # mean log ρ of each response
         kept = mask * (geometric.abs() <= bound).unsqueeze(1)
+    elif correction == "sequence-mis":
+        product = log_rho.sum(dim=1, keepdim=True)  # log Π ρ of each response: [N, 1]
+        kept = mask * (product <= bound)
+        weights = product.clamp(max=bound).exp().expand_as(mask)  # every token its response's Π ρ
     rollout = rollout._replace(mask=kept, weights=weights)
     signal = (mask > 0) & (rollout.advantages != 0).unsqueeze(1)  # [N, T]
     tokens = signal.sum().item()

@@ -113,6 +113,10 @@ TESTS = {
                               "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
+    # the decoding steps and the perf line: their own tests, and the samplings and runs that go through them
+    **{f: ["tests/test_decoding.py", "tests/test_group_prompts.py", "tests/test_sampler.py", "tests/test_common.py",
+           "tests/test_group_bf16.py", "-k", "not every_task and not fills_a_row"]
+       for f in ("common/decoding.py", "common/perf.py")},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
            "tests/test_classic_rough_edges.py", "-k",
            "not smoke and not learns and not bad_argument and not unsupported_space and not missing and not lunar "

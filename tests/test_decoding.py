@@ -263,3 +263,22 @@ def test_the_reference_scores_too_and_lora_has_no_weight_gradients(qwen2):
     assert mfu(lora_rank=0, beta=0.04) == pytest.approx((2 * scoring, update))
     assert mfu(lora_rank=16, beta=0.04) == pytest.approx((2 * scoring, 2 / 3 * update))
     assert mfu(lora_rank=0, beta=0.0, update_epochs=2) == pytest.approx((scoring, 2 * update))
+
+
+def test_compiling_is_the_default_on_a_gpu_for_long_responses():
+    """--compile-decoding left unset: compiled on a GPU from 128 tokens (a shape's compile repays itself), eager
+    below it, under --fsdp (refused with it) and on any CPU, where nothing is said; a typed value is kept."""
+    import types
+
+    def resolved(gpu, max_new_tokens, fsdp=False, typed=None):
+        args = types.SimpleNamespace(compile_decoding=typed, max_new_tokens=max_new_tokens, fsdp=fsdp)
+        lines = decoding.resolve_compiling(args, gpu)
+        return args.compile_decoding, lines
+
+    assert resolved(True, 128) == (True, ["--compile-decoding  (a GPU, responses of up to 128 tokens: "
+                                          "common/GUIDE.md)"])
+    assert resolved(True, 127) == (False, ["--no-compile-decoding  (a GPU, responses under 128 tokens: "
+                                           "common/GUIDE.md)"])
+    assert resolved(True, 256, fsdp=True) == (False, ["--no-compile-decoding  (a GPU, --fsdp: common/GUIDE.md)"])
+    assert resolved(False, 256) == (False, [])
+    assert resolved(True, 16, typed=True) == (True, []) and resolved(True, 256, typed=False) == (False, [])

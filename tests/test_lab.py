@@ -138,14 +138,14 @@ def test_key_numbers_of_length_bias():
 def test_sampler_mismatch_crosses_every_sampler_with_every_correction():
     arms = {label: flags for label, script, flags in lab.EXPERIMENTS["sampler-mismatch"].arms}
     assert len(arms) == 1 + 3 * 5 and arms["float32, lag 0"] == []
-    assert arms["lag 4, token-mask"] == ["--sampler-lag", "4", "--correction", "token-mask"]
+    assert arms["lag 4, token-reject"] == ["--sampler-lag", "4", "--correction", "token-reject"]
     assert arms["bf16, π_old = μ"] == ["--sampler-dtype", "bfloat16", "--old-logprobs", "sampler"]
     gap = {"charts/sampler_gap_mean": [1e-3, 2e-3, 4e-3], "charts/pass@1": [0.2, 0.4, 0.6],
            "charts/is_masked_fraction": [0.0, 0.1, 0.3]}
     rows = {(label, quantity): value for label, quantity, value
-            in lab.key_numbers("sampler-mismatch", {"lag 1, token-mask": [fake_run([0.5] * 3, gap, [(0, 0.2)])] * 3})}
-    assert rows[("lag 1, token-mask", "held-out pass@1 of 4, end (mean of last 2 evaluations)")] == "0.5 [0.5, 0.5]"
-    assert rows[("lag 1, token-mask", "share of tokens masked (median over iterations)")] == "0.1 [0.1, 0.1]"
+            in lab.key_numbers("sampler-mismatch", {"lag 1, token-reject": [fake_run([0.5] * 3, gap, [(0, 0.2)])] * 3})}
+    assert rows[("lag 1, token-reject", "held-out pass@1 of 4, end (mean of last 2 evaluations)")] == "0.5 [0.5, 0.5]"
+    assert rows[("lag 1, token-reject", "share of tokens masked (median over iterations)")] == "0.1 [0.1, 0.1]"
 
 
 def test_dynamic_sampling_counts_every_generated_response():

@@ -56,8 +56,9 @@ def test_a_sampler_copy_in_another_dtype_follows_every_update():
 
 
 def test_the_default_sampler_is_the_policy_and_no_correction_touches_the_rollout(in_process):
-    """A float32 sampler at lag 0 is the trainer itself (no copy), and `correct` with no correction hands the update its
-    rollout as it was: every logged number of a run with those flags typed is the default run's."""
+    """A float32 sampler at lag 0 is the trainer itself (no copy, no correction, no gap on the console), and `correct`
+    with no correction hands the update its rollout as it was: every logged number of a run with those flags typed is
+    the default run's."""
     assert sampling.Sampler(tiny_gpt2(), dtype="float32").copy is None
     rollout, sampler, _ = hand_batch()
     same, _ = sampling.correct(rollout, sampler, "none", 2.0)
@@ -66,7 +67,7 @@ def test_the_default_sampler_is_the_policy_and_no_correction_touches_the_rollout
     default, _ = in_process("grpo", flags, subdir="default")
     typed, out = in_process("grpo", flags + ["--sampler-dtype", "float32", "--sampler-lag", "0", "--correction",
                                              "none"], subdir="typed")
-    assert "gap " in out  # the console shows the gap when a sampler flag is typed
+    assert "gap " not in out and "the sampler is not the trainer" not in out  # no other sampler: nothing said
     expected, actual = scalars(default), scalars(typed)
     assert actual == expected and len(expected) > 40
 
@@ -107,9 +108,10 @@ def test_truncated_importance_sampling_weighs_each_token_by_its_ratio_up_to_the_
     assert figures["charts/is_masked_fraction"] == 0.0
 
 
-def test_a_token_mask_drops_the_tokens_outside_the_band():
+def test_token_rejection_drops_the_tokens_outside_the_band():
+    """verl's token rejection (rollout_rs token_k1): the kept tokens weigh 1."""
     rollout, sampler, log_rho = hand_batch()
-    corrected, figures = sampling.correct(rollout, sampler, "token-mask", 2.0)
+    corrected, figures = sampling.correct(rollout, sampler, "token-reject", 2.0)
     expected = rollout.mask * ((log_rho >= -math.log(2.0)) & (log_rho <= math.log(2.0)))
     assert torch.equal(corrected.mask, expected) and corrected.weights is None
     assert corrected.mask[0].tolist() == [1.0, 0.0, 0.0, 1.0]  # ratios e^1.5 and e^-1 are outside [1/2, 2]
@@ -118,34 +120,69 @@ def test_a_token_mask_drops_the_tokens_outside_the_band():
     # the band is closed: a token whose ratio is exactly C or 1/C stays (log C as float32 rounds it)
     at_the_bounds = torch.tensor([[0.0, math.log(2.0), -math.log(2.0), 0.0]])
     edge = as_rollout(torch.ones(1, 4), at_the_bounds, advantages=torch.ones(1))
-    assert sampling.correct(edge, torch.zeros(1, 4), "token-mask", 2.0)[0].mask.tolist() == [[1.0] * 4]
+    assert sampling.correct(edge, torch.zeros(1, 4), "token-reject", 2.0)[0].mask.tolist() == [[1.0] * 4]
 
 
-def test_a_sequence_mask_drops_whole_responses_whose_geometric_mean_ratio_leaves_the_band():
+def test_icepop_drops_the_tokens_outside_the_band_and_weighs_the_kept_ones_by_their_ratio():
+    """IcePop (TRL's token_mask): the tokens token-reject keeps, each weighed by its ρ_t; by hand, row 0 keeps its
+    first and last token (ratios 1 and e^0.2), row 1 its three real tokens."""
+    rollout, sampler, log_rho = hand_batch()
+    corrected, figures = sampling.correct(rollout, sampler, "token-icepop", 2.0)
+    assert corrected.mask.tolist() == [[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
+    kept = corrected.mask.bool()
+    expected = torch.tensor([[1.0, 0, 0, math.exp(0.2)], [math.exp(0.01), math.exp(-0.02), math.exp(0.005), 0],
+                             [math.exp(0.5), math.exp(0.5), 0, 0]])
+    torch.testing.assert_close(corrected.weights[kept], expected[kept])
+    assert figures["charts/is_masked_fraction"] == pytest.approx(2 / 7)
+
+
+def test_the_geometric_mean_rejection_drops_whole_responses_whose_mean_ratio_leaves_the_band():
+    """verl's Geo-RS (rollout_rs seq_mean_k1): the kept responses weigh 1."""
     rollout, sampler, log_rho = hand_batch()
     # geometric means: row 0 exp(0.7 / 4), row 1 exp(-0.005 / 3) (its padding's 9.0 not counted), row 2 exp(0.5)
-    corrected, figures = sampling.correct(rollout, sampler, "sequence-mask", 1.03)
+    corrected, figures = sampling.correct(rollout, sampler, "sequence-geo-reject", 1.03)
+    assert corrected.weights is None
     assert corrected.mask[0].sum() == 0 and torch.equal(corrected.mask[1], rollout.mask[1])
     assert corrected.mask[2].sum() == 0
     assert figures["charts/is_masked_response_fraction"] == pytest.approx(1 / 2)  # of the 2 with signal
     assert figures["charts/is_masked_fraction"] == pytest.approx(4 / 7)
-    wider, _ = sampling.correct(rollout, sampler, "sequence-mask", math.exp(0.18))  # row 0's 0.175 fits now
+    wider, _ = sampling.correct(rollout, sampler, "sequence-geo-reject", math.exp(0.18))  # row 0's 0.175 fits now
     assert torch.equal(wider.mask[0], rollout.mask[0]) and wider.mask[2].sum() == 0
 
 
-def test_the_sequence_mask_averages_over_each_responses_own_tokens():
+def test_sequence_mis_weighs_each_kept_response_by_its_product_ratio():
+    """Sequence-level masked importance sampling (TRL's default, sequence_mask, with no lower bound): a response
+    whose Π ρ = exp(Σ log ρ) is above C leaves the loss; every token of a kept one weighs its Π ρ. By hand at C = 2:
+    row 0 has Σ = 0.7 (Π ρ 2.01, dropped), row 1 -0.005 (kept at 0.995; its padding's 9.0 not counted), row 2 1.0
+    (dropped); at C = 3 rows 0 and 2 are kept, at e^0.7 and e^1, and a ratio far below 1 is kept, weighed by it."""
+    rollout, sampler, log_rho = hand_batch()
+    corrected, figures = sampling.correct(rollout, sampler, "sequence-mis", 2.0)
+    assert corrected.mask.tolist() == [[0.0] * 4, [1.0, 1.0, 1.0, 0.0], [0.0] * 4]
+    torch.testing.assert_close(corrected.weights[1, :3], torch.full((3,), math.exp(-0.005)))
+    assert figures["charts/is_masked_response_fraction"] == pytest.approx(1 / 2)
+    wider, _ = sampling.correct(rollout, sampler, "sequence-mis", 3.0)
+    assert torch.equal(wider.mask, rollout.mask)
+    torch.testing.assert_close(wider.weights[0], torch.full((4,), math.exp(0.7)))
+    torch.testing.assert_close(wider.weights[2, :2], torch.full((2,), math.exp(1.0)))
+    low = as_rollout(torch.ones(1, 2), torch.tensor([[-3.0, -2.0]]), advantages=torch.ones(1))
+    corrected, _ = sampling.correct(low, torch.zeros(1, 2), "sequence-mis", 3.0)
+    assert corrected.mask.tolist() == [[1.0, 1.0]]
+    torch.testing.assert_close(corrected.weights, torch.full((1, 2), math.exp(-5.0)))
+
+
+def test_the_geometric_mean_rejection_averages_over_each_responses_own_tokens():
     """ρ̄_i is the mean over response i's tokens (eq. 127), not over the batch's width nor over at least 2: a 1-token
     response with log ρ = 0.04 (ρ = 1.041) leaves [1/1.03, 1.03], though 0.04 / 4 columns or 0.04 / 2 would not."""
     mask = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     sampler = torch.full((2, 4), -1.0)
     log_rho = torch.tensor([[0.04, 0.0, 0.0, 0.0], [0.02, 0.02, 0.02, 0.02]])
     rollout = as_rollout(mask, sampler + log_rho, advantages=torch.tensor([1.0, -1.0]))
-    corrected, _ = sampling.correct(rollout, sampler, "sequence-mask", 1.03)
+    corrected, _ = sampling.correct(rollout, sampler, "sequence-geo-reject", 1.03)
     assert corrected.mask[0].sum() == 0 and torch.equal(corrected.mask[1], mask[1])
     # the band is closed: a response whose mean ratio is exactly C or 1/C stays
     at_the_bounds = torch.tensor([[math.log(2.0), 0.0], [-math.log(2.0), 0.0]])
     edge = as_rollout(torch.tensor([[1.0, 0.0], [1.0, 0.0]]), at_the_bounds, advantages=torch.ones(2))
-    assert sampling.correct(edge, torch.zeros(2, 2), "sequence-mask", 2.0)[0].mask.tolist() == [[1.0, 0.0]] * 2
+    assert sampling.correct(edge, torch.zeros(2, 2), "sequence-geo-reject", 2.0)[0].mask.tolist() == [[1.0, 0.0]] * 2
 
 
 def test_a_process_without_signal_leaves_the_figures_to_the_others(monkeypatch):
@@ -157,7 +194,7 @@ def test_a_process_without_signal_leaves_the_figures_to_the_others(monkeypatch):
     monkeypatch.setattr(sampling, "global_max", lambda value: brought.append(value) or value)
     monkeypatch.setattr(sampling, "global_fraction", lambda part, whole: brought.append((part, whole)) or (
         part / whole if whole > 0 else 0.0))
-    _, alone = sampling.correct(with_signal, sampler, "token-mask", 1.2)
+    _, alone = sampling.correct(with_signal, sampler, "token-reject", 1.2)
     others = iter(brought)  # the process without signal reduces with those, call by call
     monkeypatch.setattr(sampling, "global_max", lambda value: max(value, next(others)))
 
@@ -167,7 +204,7 @@ def test_a_process_without_signal_leaves_the_figures_to_the_others(monkeypatch):
 
     monkeypatch.setattr(sampling, "global_fraction", global_fraction)
     without_signal = as_rollout(mask, torch.full((2, 3), 0.5), torch.zeros(2))
-    _, together = sampling.correct(without_signal, sampler, "token-mask", 1.2)
+    _, together = sampling.correct(without_signal, sampler, "token-reject", 1.2)
     assert together == alone and alone["charts/is_ratio_max"] < 1 and alone["charts/is_masked_fraction"] > 0
 
 
@@ -213,19 +250,36 @@ def test_bad_sampler_flags_give_one_line(fields, message):
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
 
 
-def test_the_correction_defaults_to_the_sequence_mask_when_the_sampler_differs():
-    """The lab's choice (common/results/lab.md: the sampler is not π_θold), with its band of 1.03."""
+def test_the_correction_follows_the_kind_of_mismatch():
+    """A copy of the current weights in another dtype: token-tis at C = 2 (the literature's fix for a bfloat16
+    sampler); weights k updates old: the geometric-mean rejection at 1.03 (the lab's, common/results/lab.md); a
+    float32 "copy" at lag 0 is the trainer itself: nothing to correct; π_old taken from the sampler: nothing either."""
     from common import policy
 
-    for fields, expected in ((dict(), "none"), (dict(sampler_lag=1), "sequence-mask"),
-                             (dict(sampler_dtype="bfloat16"), "sequence-mask"),
-                             (dict(sampler_lag=1, old_logprobs="sampler"), "none")):
+    for fields, expected, cap in ((dict(), "none", 2.0), (dict(sampler_lag=1), "sequence-geo-reject", 1.03),
+                                  (dict(sampler_dtype="bfloat16"), "token-tis", 2.0),
+                                  (dict(sampler_dtype="float16", sampler_lag=2), "sequence-geo-reject", 1.03),
+                                  (dict(sampler_dtype="float32"), "none", 2.0),
+                                  (dict(sampler_lag=1, old_logprobs="sampler"), "none", 2.0),
+                                  (dict(correction="sequence-mis"), "sequence-mis", 3.0),
+                                  (dict(correction="token-reject", correction_cap=1.5), "token-reject", 1.5)):
         args = grpo.Args(**fields)
-        policy.resolve_defaults(args, beta=grpo.BETA)
-        assert args.correction == expected, fields
-    args = grpo.Args(sampler_lag=1)
-    policy.resolve_defaults(args, beta=grpo.BETA)
-    assert args.correction_cap == 1.03
-    args = grpo.Args(correction="token-tis")
-    policy.resolve_defaults(args, beta=grpo.BETA)
-    assert args.correction_cap == 2.0
+        lines = policy.resolve_defaults(args, beta=grpo.BETA)
+        assert (args.correction, args.correction_cap) == (expected, cap), fields
+        said = [line for line in lines if line.startswith("--correction")]
+        assert len(said) == (sampling.sampler_differs(args.sampler_dtype, args.sampler_lag)
+                             and "correction" not in fields), fields
+    assert not sampling.sampler_differs("float32", 0) and sampling.sampler_differs("float32", 1)
+    assert sampling.sampler_differs("bfloat16", 0) and not sampling.sampler_differs(None, 0)
+
+
+def test_gspo_logs_the_loss_its_gradient_sees_when_a_correction_drops_a_response():
+    """A response the correction left no token of adds nothing to GSPO's gradient, nor now to its logged loss (it
+    added −Â/N: a ratio of 1 over no tokens), as in GRPO: at ratio 1, −(1 · 1 + 0) / 2."""
+    import gspo
+
+    mask = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    advantages = torch.tensor([1.0, -1.0])
+    for module in (gspo, grpo):
+        loss = module.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), advantages, mask, beta=0.0)
+        assert loss.item() == pytest.approx(-0.5), module.__name__

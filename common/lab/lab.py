@@ -95,15 +95,16 @@ EXPERIMENTS = {
     "sampler-mismatch": Experiment(
         "Fast RL stacks sample with a bfloat16 copy of the weights, or with weights k updates old (an "
         "asynchronous pipeline): the responses come from μ, not π_θold. What does the mismatch cost, and what "
-        "does each correction buy (EQUATIONS.md, eq. 124-128): truncated importance weights, a token mask, a "
-        "sequence mask, or μ itself as π_old? grpo.py at a learning rate high enough for staleness to matter.",
+        "does each correction buy (EQUATIONS.md, eq. 124-128): truncated importance weights, the rejection of "
+        "tokens, of whole responses by their geometric-mean ratio, or μ itself as π_old? grpo.py at a learning "
+        "rate high enough for staleness to matter.",
         [("float32, lag 0", "grpo.py", [])]
         + [(f"{sampler}, {name}", "grpo.py", flags + fix)
            for sampler, flags in (("bf16", ["--sampler-dtype", "bfloat16"]), ("lag 1", ["--sampler-lag", "1"]),
                                   ("lag 4", ["--sampler-lag", "4"]))
            for name, fix in (("none", ["--correction", "none"]), ("token-tis", ["--correction", "token-tis"]),
-                             ("token-mask", ["--correction", "token-mask"]),
-                             ("sequence-mask", ["--correction", "sequence-mask"]),
+                             ("token-reject", ["--correction", "token-reject"]),
+                             ("sequence-geo-reject", ["--correction", "sequence-geo-reject"]),
                              ("π_old = μ", ["--old-logprobs", "sampler"]))],
         ["--num-iterations", "30", "--beta", "0", "--learning-rate", "1e-3", "--eval-samples", "4"],
     ),
@@ -393,7 +394,7 @@ def plot(name, results, path):
     rows = panels(name, results)
     colors = {arm: f"C{i % 10}" for i, arm in enumerate(results)}  # one colour per arm in every panel
     if name == "sampler-mismatch":  # one colour per correction, whichever the sampler
-        kinds = ["lag 0", "none", "token-tis", "token-mask", "sequence-mask", "π_old = μ"]
+        kinds = ["lag 0", "none", "token-tis", "token-reject", "sequence-geo-reject", "π_old = μ"]
         colors = {arm: f"C{kinds.index(arm.split(', ')[1])}" for arm in results}
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8 if len(rows) < 4 else 4.6))
     for ax, (title, ylabel, xlabel, curves) in zip(axes, rows):
