@@ -25,12 +25,13 @@ def qwen2(tmp_path_factory):
     return tokenizer, model.eval()
 
 
-def draw(model, tokenizer, compiled: bool, autocast=None, max_new_tokens=10, greedy=(True, False, False, False)):
+def draw(model, tokenizer, compiled: bool, autocast=None, max_new_tokens=10, greedy=(True, False, False, False),
+         prompts=PROMPTS):
     prompt_format = sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model)
     args = grpo.Args(max_new_tokens=max_new_tokens, few_shot=0, temperature=1.5, compile_decoding=compiled)
     torch.manual_seed(5)
     with torch.no_grad(), autocast or torch.autocast("cpu", enabled=False):
-        return grpo.sample(model, prompt_format, PROMPTS, args, CPU, num_samples=4, greedy=list(greedy))
+        return grpo.sample(model, prompt_format, prompts, args, CPU, num_samples=len(greedy), greedy=list(greedy))
 
 
 def test_compiled_steps_draw_the_tokens_eager_steps_draw_with_grouped_heads(qwen2):
@@ -45,9 +46,16 @@ def test_compiled_steps_draw_the_tokens_eager_steps_draw_with_grouped_heads(qwen
     torch.testing.assert_close(compiled.entropies, eager.entropies, atol=1e-5, rtol=0)
     (decoder_model, _), = [value for key, value in decoding._decoding_models.items() if key is model]
     caches = dict(decoding._caches[decoder_model])
-    again = draw(model, tokenizer, compiled=True)
-    assert torch.equal(again.responses, compiled.responses)
-    assert dict(decoding._caches[decoder_model]) == caches  # the same cache objects, refilled
+    others = ["58+601=", "9+9=", "7+5=", "123+45="]  # other prompts of the same width: the cache emptied, refilled
+    again = draw(model, tokenizer, compiled=True, prompts=others)
+    assert torch.equal(again.responses, draw(model, tokenizer, compiled=False, prompts=others).responses)
+    assert not torch.equal(again.responses, compiled.responses)
+    assert dict(decoding._caches[decoder_model]) == caches  # the same cache objects
+    # fewer responses, the same columns: a cache of its own, and eager's tokens again
+    fewer = {"greedy": (True, False), "prompts": ["123+45=", "58+601="]}
+    assert torch.equal(draw(model, tokenizer, compiled=True, **fewer).responses,
+                       draw(model, tokenizer, compiled=False, **fewer).responses)
+    assert len(decoding._caches[decoder_model]) == len(caches) + 1
 
 
 def test_responses_that_all_end_early_keep_eagers_width():
@@ -118,11 +126,23 @@ def test_the_decoding_model_multiplies_what_autocast_would_and_follows_the_weigh
     decoding._decoding_models.pop(model)
 
 
-def test_grouped_attention_reads_the_key_value_heads_in_place():
+def test_grouped_attention_reads_the_key_value_heads_in_place(monkeypatch):
     """One new token per row: the g query heads of a key/value head read it as g rows of one query, with the result
     of transformers' SDPA attention, which copies each key/value head g times; other shapes are that attention."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    queries, sdpa = [], torch.nn.functional.scaled_dot_product_attention  # the shapes of the queries SDPA reads
+
+    def spy(query, *args, **kwargs):
+        queries.append(tuple(query.shape))
+        return sdpa(query, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    from transformers.integrations import sdpa_attention
+
+    delegated = []  # the calls grouped_attention hands to transformers' own attention
+    monkeypatch.setattr(sdpa_attention, "sdpa_attention_forward",
+                        lambda *args, **kwargs: delegated.append(1) or sdpa_attention_forward(*args, **kwargs))
     module = torch.nn.Module()
     module.num_key_value_groups, module.is_causal = 3, True
     generator = torch.Generator().manual_seed(0)
@@ -131,12 +151,17 @@ def test_grouped_attention_reads_the_key_value_heads_in_place():
     attention_mask = torch.rand(5, 1, 1, 11, generator=generator) > 0.3
     attention_mask[:, :, :, 0] = True  # every row sees a key
     grouped, _ = decoding.grouped_attention(module, query, key, value, attention_mask, scaling=0.3)
+    assert queries == [(5, 2, 3, 8)]  # [B, H_kv, g, d]: the key/value heads as they are
     reference, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=0.3)
     assert grouped.shape == reference.shape == (5, 1, 6, 8)
     torch.testing.assert_close(grouped, reference, rtol=0, atol=1e-6)
+    pairs = torch.randn(5, 4, 1, 8, generator=generator)  # 2 query heads a key/value head
+    decoding.grouped_attention(module, pairs, key, value, attention_mask, scaling=0.3)
+    assert queries[-1] == (5, 2, 2, 8) and delegated == []
     whole = torch.randn(5, 6, 4, 8, generator=generator)  # 4 tokens: transformers' path itself
     assert torch.equal(decoding.grouped_attention(module, whole, key, value, None, scaling=0.3)[0],
                        sdpa_attention_forward(module, whole, key, value, None, scaling=0.3)[0])
+    assert delegated == [1]
 
 
 def test_under_autocast_the_cache_holds_what_attention_reads(qwen2, monkeypatch):
@@ -243,7 +268,17 @@ def test_the_bytes_a_decoding_step_must_move_by_hand(qwen2):
                                 "perf/generate_seconds": 0.5})
     assert figures["perf/generate_bytes_per_second"] == pytest.approx(step * 7 / 0.5)
     assert figures["perf/generate_bandwidth_share"] == pytest.approx(step * 7 / 0.5 / roofline.bytes_peak)
-    assert set(figures) == {"perf/generate_bytes_per_second", "perf/generate_bandwidth_share"}  # no pass: no MFU
+    assert set(figures) == {"perf/generate_bytes_per_second", "perf/generate_bandwidth_share"}
+    timed = {"perf/pass_tokens": 0, "perf/pass_logit_tokens": 0, "perf/pass_attention_pairs": 0,
+             "perf/decoding_rows": 6, "perf/decoding_columns": 10, "perf/decoding_steps": 7,
+             "perf/logprob_seconds": 0.1}
+    assert "perf/logprob_mfu" not in roofline.figures(timed)  # no pass ran (no group with signal): no MFU
+    # on a GPU the linear layers' weights and the cache are bfloat16, the output layer float32
+    gpu_step = 2 * blocks + 4 * 64 * 32 + 6 * (10 * 2 * 2 * 16 * 2 + 2 * 64 * 4)
+    gpu = perf.Roofline(model, grpo.Args(lora_rank=0), cuda=True).figures(
+        {"perf/pass_tokens": 0, "perf/pass_logit_tokens": 0, "perf/pass_attention_pairs": 0, "perf/decoding_rows": 6,
+         "perf/decoding_columns": 10, "perf/decoding_steps": 7, "perf/generate_seconds": 0.5})
+    assert gpu["perf/generate_bytes_per_second"] == pytest.approx(gpu_step * 7 / 0.5)
 
 
 def test_the_reference_scores_too_and_lora_has_no_weight_gradients(qwen2):
@@ -282,3 +317,40 @@ def test_compiling_is_the_default_on_a_gpu_for_long_responses():
     assert resolved(True, 256, fsdp=True) == (False, ["--no-compile-decoding  (a GPU, --fsdp: common/GUIDE.md)"])
     assert resolved(False, 256) == (False, [])
     assert resolved(True, 16, typed=True) == (True, []) and resolved(True, 256, typed=False) == (False, [])
+
+
+def test_a_bfloat16_output_layer_is_a_cast_of_its_own(qwen2, monkeypatch):
+    """OUTPUT_LAYER bfloat16 (one of the check's variants): the decoding model's output layer is a plain linear layer
+    of a bfloat16 copy of the weights (multiplied under autocast, bfloat16 logits), while the tied input embedding
+    stays the policy's float32 parameter; the copy counts in cast_weights."""
+    tokenizer, model = qwen2
+    monkeypatch.setattr(decoding, "OUTPUT_LAYER", "bfloat16")
+    decoding._decoding_models.pop(model, None)
+    with torch.no_grad(), BF16:
+        copy = decoding.decoding_model(model)
+        head = copy.get_output_embeddings()
+        assert type(head) is torch.nn.Linear and head.weight.dtype == torch.bfloat16
+        assert copy.get_input_embeddings().weight is model.get_input_embeddings().weight  # float32, shared
+        assert torch.equal(head.weight, model.get_output_embeddings().weight.to(torch.bfloat16))
+        ids = torch.tensor([[5, 6, 7]])
+        assert copy(input_ids=ids).logits.dtype == torch.bfloat16
+    assert any(p is model.get_output_embeddings().weight for p in decoding.cast_weights(model))
+    decoding._decoding_models.pop(model)
+
+
+def test_the_flops_of_a_pass_by_hand(qwen2):
+    """A forward pass's FLOPs on the tiny Qwen2, written out: 2 per multiply-add, every weight of the blocks once a
+    token (2 layers of q, k, v, o: 32 × (32 + 16 + 16 + 32), and gate, up, down: 3 × 32 × 64, so 2 × 18,432 a token),
+    the output layer (64 × 32) once a token with logits, and per (query, key) pair and layer the two products of
+    attention, 4 heads × 8 wide each (2 layers: 2 × 2 × 2 × 32 = 256 a pair)."""
+    _, model = qwen2
+    roofline = perf.Roofline(model, grpo.Args(lora_rank=0, beta=0.0), cuda=False)
+    work = {"perf/pass_tokens": 10, "perf/pass_logit_tokens": 4, "perf/pass_attention_pairs": 30,
+            "perf/decoding_rows": 1, "perf/decoding_columns": 1, "perf/decoding_steps": 1,
+            "perf/logprob_seconds": 0.5, "perf/update_seconds": 2.0}
+    flops = 2 * 18432 * 10 + 2 * 64 * 32 * 4 + 256 * 30
+    figures = roofline.figures(work)
+    assert figures["perf/logprob_mfu"] * roofline.flops_peak == pytest.approx(flops / 0.5)
+    assert figures["perf/update_mfu"] * roofline.flops_peak == pytest.approx(3 * flops / 2.0)
+    del work["perf/update_seconds"]  # a phase not timed has no MFU
+    assert "perf/update_mfu" not in roofline.figures(work) and "perf/logprob_mfu" in roofline.figures(work)
