@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from common.checkpoints import refuse_another_method, refuse_changed_flags, saved_state
+from common.decoding import cast_weights
 from common.perf import Roofline, work
 from common.policy import model_state_bytes
 from common.processes import global_fraction, global_max, global_mean, local, whole_weights
@@ -193,8 +194,13 @@ class IterationLog:
         weights, trained = (sum(local(p).numel() * p.element_size() for p in self.model.parameters() if keep(p))
                             / 2**20 for keep in (lambda p: True, lambda p: p.requires_grad))
         state = model_state_bytes(self.model, None, processes) / 2**20  # what the pass sizes count
-        print(f"each process holds the policy's weights ({weights:,.1f} MB), their gradients ({trained:,.1f} MB) "
-              f"and Adam's state ({2 * trained:,.1f} MB): {state:,.1f} MB before any activation")
+        parts = [f"the policy's weights ({weights:,.1f} MB)", f"their gradients ({trained:,.1f} MB)",
+                 f"Adam's state ({2 * trained:,.1f} MB)"]
+        if self.cuda and getattr(self.args, "compile_decoding", False):  # counted by the pass sizes too
+            cast = 2 * sum(p.numel() for p in cast_weights(self.model)) / 2**20
+            state += cast
+            parts.append(f"the compiled steps' bfloat16 weights ({cast:,.1f} MB)")
+        print(f"each process holds {', '.join(parts[:-1])} and {parts[-1]}: {state:,.1f} MB before any activation")
         for line in defaults:
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {first_prompt!r}")

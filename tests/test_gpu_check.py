@@ -122,3 +122,10 @@ def test_a_missing_requirement_is_named_before_any_step(monkeypatch):
     with pytest.raises(SystemExit) as e:
         gpu_check.main()
     assert str(e.value) == "error: tyro not installed: pip install -r requirements.txt first"
+
+
+@pytest.mark.parametrize("limit", ["generation", "nosuch=3", "scale=-1", "scale=ten"])
+def test_a_bad_step_limit_is_one_line(limit):
+    with pytest.raises(SystemExit) as e:
+        gpu_check.main(["--dry-run", "--limits", limit])
+    assert str(e.value).startswith("error: --limits takes STEP=SECONDS") and limit in str(e.value)

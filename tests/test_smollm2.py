@@ -162,3 +162,11 @@ def test_the_wheel_travels_to_a_gpu_in_two_halves_and_comes_back_whole(tmp_path,
     monkeypatch.setattr(smollm2, "WHEEL_SHA256", "0" * 64)
     with pytest.raises(SystemExit, match="expected 0000"):
         carry.split(str(wheel))
+
+
+def test_a_missing_wheel_to_split_is_one_line(tmp_path):
+    from common.tools import smollm2_on_gpu as carry
+
+    with pytest.raises(SystemExit) as e:
+        carry.main(["split", "--wheel", str(tmp_path / "none.whl")])
+    assert str(e.value) == f"error: --wheel {tmp_path / 'none.whl'}: no such file"

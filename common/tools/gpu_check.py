@@ -565,7 +565,10 @@ def main(argv=None) -> None:
     options = parse_args(argv)
     shapes = SHAPES["dry" if options.dry_run else "gpu"]
     for limit in options.limits:
-        step, seconds = limit.split("=")
+        step, _, seconds = limit.partition("=")
+        if step not in STEP_SECONDS or not seconds.replace(".", "", 1).isdigit() or float(seconds) <= 0:
+            raise SystemExit(f"error: --limits takes STEP=SECONDS, STEP one of {', '.join(STEP_SECONDS)} and "
+                             f"SECONDS > 0, got {limit!r}")
         STEP_SECONDS[step] = float(seconds)
     if options.step:  # a child: run one step, print its table
         if options.root:  # the --before checkout's own grpo.py and common/

