@@ -129,10 +129,11 @@ def compiled_step(cuda: bool):
 
     The draw's cumulative sum runs torch's own kernel inside the graph: over a vocabulary this long
     inductor splits a scan across blocks, then fails to fuse it with the draw's reductions (torch
-    2.11 on an H200: "NYI TritonSplitDimKernel reductions")."""
+    2.11 on an H200: "NYI TritonSplitDimKernel reductions"). warn=False: with CI set in the
+    environment, inductor otherwise refuses a fallback for an op it could decompose."""
     from torch._inductor.lowering import make_fallback
 
-    make_fallback(torch.ops.aten.cumsum)
+    make_fallback(torch.ops.aten.cumsum, warn=False)
     return torch.compile(decoding_step, mode="reduce-overhead" if cuda else None, dynamic=False)
 
 
