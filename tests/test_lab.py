@@ -137,7 +137,8 @@ def test_key_numbers_of_length_bias():
 
 def test_sampler_mismatch_crosses_every_sampler_with_every_correction():
     arms = {label: flags for label, script, flags in lab.EXPERIMENTS["sampler-mismatch"].arms}
-    assert len(arms) == 1 + 3 * 5 and arms["float32, lag 0"] == []
+    assert len(arms) == 1 + 3 * 7 and arms["float32, lag 0"] == []
+    assert arms["bf16, sequence-mis"] == ["--sampler-dtype", "bfloat16", "--correction", "sequence-mis"]
     assert arms["lag 4, token-reject"] == ["--sampler-lag", "4", "--correction", "token-reject"]
     assert arms["bf16, π_old = μ"] == ["--sampler-dtype", "bfloat16", "--old-logprobs", "sampler"]
     gap = {"charts/sampler_gap_mean": [1e-3, 2e-3, 4e-3], "charts/pass@1": [0.2, 0.4, 0.6],
@@ -175,7 +176,37 @@ def test_a_progress_line_with_an_eta_as_each_run_ends(monkeypatch, capsys):
     assert lines[-1].endswith("40s, ETA 0s") and [len(runs) for runs in results.values()] == [2, 2, 2]
 
 
+def test_arms_run_alone_and_the_others_are_kept_from_the_saved_curves(tmp_path, monkeypatch, capsys):
+    """An arm added to an experiment runs alone; the saved arms keep their curves, an arm run again says whether
+    it learned as it did (timings aside), and the arms stay in the experiment's order."""
+    def run_one(script, flags, seed, core):
+        return {"charts/pass@1": [(30, 0.5 + seed / 10)], "perf/iteration_seconds": [(30, 9.0)]}, 40.0
+    monkeypatch.setattr(lab, "run_one", run_one)
+    for reader in ("write_report", "plot"):  # they read figures these fake runs do not log
+        monkeypatch.setattr(lab, reader, lambda *args, **kwargs: None)
+    saved = {label: [{"charts/pass@1": [[30, 0.1 * seed]], "perf/iteration_seconds": [[30, 1.0]]} for seed in (1, 2)]
+             for label in ("float32, lag 0", "bf16, none", "lag 4, none")}
+    saved["lag 4, none"] = [{**run_one(None, None, seed, None)[0], "perf/iteration_seconds": [[30, 1.0]]}
+                            for seed in (1, 2)]  # the same run, another machine's timings
+    (tmp_path / "sampler-mismatch.json").write_text(json.dumps(
+        {"seeds": [1, 2], "wall_seconds": 60.0, "num_iterations": None, "results": saved}))
+    lab.main(["sampler-mismatch", "--seeds", "1", "2", "--out", str(tmp_path), "--cores",
+              "--arms", "lag 4, none", "bf16, sequence-mis"])
+    out = capsys.readouterr().out
+    assert "[lab] 4 runs (2 arms x 2 seeds)" in out
+    assert "[lab] lag 4, none: every figure but the timings as saved, seed by seed: [True, True]" in out
+    merged = json.loads((tmp_path / "sampler-mismatch.json").read_text())
+    assert list(merged["results"]) == ["float32, lag 0", "bf16, none", "bf16, sequence-mis", "lag 4, none"]
+    assert merged["results"]["bf16, none"] == saved["bf16, none"] and merged["wall_seconds"] > 60.0
+    assert merged["results"]["bf16, sequence-mis"][1]["charts/pass@1"] == [[30, 0.7]]
+    with pytest.raises(SystemExit):  # other seeds than the saved curves' would mix two experiments
+        lab.main(["sampler-mismatch", "--seeds", "1", "--out", str(tmp_path), "--arms", "lag 4, none"])
+    assert "was run with seeds [1, 2]" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["sampler-mismatch", "--arms", "lag 9, none"], "--arms: no arm 'lag 9, none' in sampler-mismatch"),
+    (["all", "--arms", "grpo"], "--arms needs one experiment"),
     (["length-bias", "--parallel", "0"], "--parallel must be >= 1"),
     (["length-bias", "--num-iterations", "0"], "--num-iterations must be >= 1"),
     (["length-bias", "--parallel", "2", "--cores", "0"], "--cores needs at least --parallel"),

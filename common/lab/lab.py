@@ -104,7 +104,9 @@ EXPERIMENTS = {
                                   ("lag 4", ["--sampler-lag", "4"]))
            for name, fix in (("none", ["--correction", "none"]), ("token-tis", ["--correction", "token-tis"]),
                              ("token-reject", ["--correction", "token-reject"]),
+                             ("token-icepop", ["--correction", "token-icepop"]),
                              ("sequence-geo-reject", ["--correction", "sequence-geo-reject"]),
+                             ("sequence-mis", ["--correction", "sequence-mis"]),
                              ("π_old = μ", ["--old-logprobs", "sampler"]))],
         ["--num-iterations", "30", "--beta", "0", "--learning-rate", "1e-3", "--eval-samples", "4"],
     ),
@@ -160,11 +162,12 @@ def progress_line(done, total, label, seed, seconds, mean_seconds, parallel):
             f"ETA {duration(rounds_left * mean_seconds)}")
 
 
-def run_experiment(name, seeds, parallel, cores, num_iterations=None):
-    """All arms x seeds, `parallel` at a time; {label: [scalars per seed]} and the wall time."""
+def run_experiment(name, seeds, parallel, cores, num_iterations=None, arms=None):
+    """The arms (all, or those labelled in `arms`) x seeds, `parallel` at a time; {label: [scalars per seed]} and
+    the wall time."""
     exp = EXPERIMENTS[name]
     jobs = [(label, script, arm_flags(exp, extra, num_iterations), seed)
-            for label, script, extra in exp.arms for seed in seeds]
+            for label, script, extra in exp.arms if arms is None or label in arms for seed in seeds]
     free = list(cores) if cores else [None] * parallel
     durations = []  # seconds of each finished run, in the order they finished
     lock = threading.Lock()  # runs finish in several threads: one counts and prints at a time
@@ -183,10 +186,10 @@ def run_experiment(name, seeds, parallel, cores, num_iterations=None):
         return label, scalars
 
     # Say what is coming: the wait for the first run to end is otherwise a silence.
-    print(f"[lab] {len(jobs)} runs ({len(exp.arms)} arms x {len(seeds)} seeds), {parallel} at a time; "
+    print(f"[lab] {len(jobs)} runs ({len(jobs) // len(seeds)} arms x {len(seeds)} seeds), {parallel} at a time; "
           "a line as each ends", flush=True)
     start = time.time()
-    results = {label: [] for label, _, _ in exp.arms}
+    results = {label: [] for label, _, _ in exp.arms if arms is None or label in arms}
     with ThreadPoolExecutor(max_workers=parallel) as pool:
         for label, scalars in pool.map(work, jobs):
             results[label].append(scalars)
@@ -394,7 +397,8 @@ def plot(name, results, path):
     rows = panels(name, results)
     colors = {arm: f"C{i % 10}" for i, arm in enumerate(results)}  # one colour per arm in every panel
     if name == "sampler-mismatch":  # one colour per correction, whichever the sampler
-        kinds = ["lag 0", "none", "token-tis", "token-reject", "sequence-geo-reject", "π_old = μ"]
+        kinds = ["lag 0", "none", "token-tis", "token-reject", "token-icepop", "sequence-geo-reject", "sequence-mis",
+                 "π_old = μ"]
         colors = {arm: f"C{kinds.index(arm.split(', ')[1])}" for arm in results}
     fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8 if len(rows) < 4 else 4.6))
     for ax, (title, ylabel, xlabel, curves) in zip(axes, rows):
@@ -414,6 +418,14 @@ def plot(name, results, path):
 
 
 # ---------------------------------------------------------------- main
+
+def learning(scalars):
+    """A run's scalars without the timings (charts/*_per_second, perf/*), as JSON stores them: what the same seed
+    must repeat exactly."""
+    timing = ("charts/samples_per_second", "charts/tokens_per_second")
+    return {tag: [list(point) for point in points] for tag, points in scalars.items()
+            if not tag.startswith("perf/") and tag not in timing}
+
 
 def write_report(name, results, seeds, wall, path, num_iterations=None):
     exp = EXPERIMENTS[name]
@@ -447,7 +459,17 @@ def main(argv=None):
     p.add_argument("--replot", action="store_true", help="redraw from <out>/<experiment>.json without running")
     p.add_argument("--num-iterations", type=int, default=None,
                    help="iterations of every run (default: the experiment's own; fewer for a quick look)")
+    p.add_argument("--arms", nargs="+", default=None, metavar="LABEL",
+                   help="run only these arms (labels as in <experiment>.md) and keep the other arms' curves from "
+                        "<out>/<experiment>.json, run with the same seeds: for an arm added to an experiment")
     args = p.parse_args(argv)
+    if args.arms is not None:
+        if args.experiment not in EXPERIMENTS or args.replot:
+            p.error("--arms needs one experiment that runs (not all, toy-pathologies or --replot)")
+        labels = [label for label, _, _ in EXPERIMENTS[args.experiment].arms]
+        unknown = [arm for arm in args.arms if arm not in labels]
+        if unknown:
+            p.error(f"--arms: no arm {unknown[0]!r} in {args.experiment}; its arms are: " + "; ".join(labels))
     if args.parallel < 1:
         p.error(f"--parallel must be >= 1, got {args.parallel}")
     if args.num_iterations is not None and args.num_iterations < 1:
@@ -458,6 +480,16 @@ def main(argv=None):
         p.error("the figures need matplotlib: pip install -r requirements.txt")
     if args.update_results:
         args.out = os.path.join(ROOT, "common", "results", "lab")
+    kept = {}  # under --arms: the saved curves of the arms that do not run
+    if args.arms is not None:
+        saved_path = os.path.join(args.out, f"{args.experiment}.json")
+        if not os.path.exists(saved_path):
+            p.error(f"--arms keeps the other arms from {saved_path}, which does not exist: run the whole experiment")
+        with open(saved_path) as f:
+            kept = json.load(f)
+        if kept["seeds"] != args.seeds or kept["num_iterations"] != args.num_iterations:
+            p.error(f"--arms: {saved_path} was run with seeds {kept['seeds']} and --num-iterations "
+                    f"{kept['num_iterations']}; give the same")
     cores = args.cores
     if cores is None:
         cores = list(range(args.parallel)) if shutil.which("taskset") else []
@@ -479,8 +511,16 @@ def main(argv=None):
                 saved[k] for k in ("results", "seeds", "wall_seconds", "num_iterations"))
         else:
             print(f"[lab] {name}: {EXPERIMENTS[name].question}", flush=True)
-            results, wall = run_experiment(name, args.seeds, args.parallel, cores[: args.parallel], args.num_iterations)
+            results, wall = run_experiment(name, args.seeds, args.parallel, cores[: args.parallel], args.num_iterations,
+                                           args.arms)
             seeds, num_iterations = args.seeds, args.num_iterations
+            if kept:  # every arm in the experiment's order; the wall time is the sum of both runs'
+                ran, wall = results, wall + kept["wall_seconds"]
+                for label in set(ran) & set(kept["results"]):  # an arm run again: does it learn as it did?
+                    same = [learning(now) == learning(then) for now, then in zip(ran[label], kept["results"][label])]
+                    print(f"[lab] {label}: every figure but the timings as saved, seed by seed: {same}", flush=True)
+                results = {label: ran[label] if label in ran else kept["results"][label]
+                           for label, _, _ in EXPERIMENTS[name].arms if label in ran or label in kept["results"]}
             with open(data_path, "w") as f:
                 json.dump({"seeds": seeds, "wall_seconds": wall, "num_iterations": num_iterations,
                            "results": results}, f)
