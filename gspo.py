@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common import decoding, policy, processes, runs, sampling
+from common import decoding, memory, policy, processes, runs, sampling
 from common.checkpoints import Checkpoints
 from common.tasks import EVAL_SEED, get_task
 
@@ -456,7 +456,7 @@ def update_policy(model, optimizer, rollout: Rollout, epochs: list, args: Args, 
 if __name__ == "__main__":
     args = runs.parse_args(Args)  # the command line; with --resume, the run's own flags
     defaults = policy.resolve_defaults(args, beta=BETA)  # flags left unset: per model and machine
-    check_args(args, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    check_args(args, world_size=processes.world_size())
     rank, world_size, device = processes.start(args.cuda)  # under torchrun: join the process group
     task = get_task(args.task, args.eval_task)
     run_dir = runs.folder(args, task.name, __file__)  # runs/<a new name>, or --resume's folder
@@ -481,14 +481,14 @@ if __name__ == "__main__":
     eval_pairs = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # the same every run
     longest = prompt_format.check_lengths([q for q, _ in eval_pairs], args.max_new_tokens)  # tokens
     # responses per forward/backward pass: as typed, or what a memory budget holds (the same step)
-    micro_batch_size, why = policy.responses_per_pass(args, model, ref_model, longest)
+    micro_batch_size, why = memory.responses_per_pass(args, model, ref_model, longest)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
     # --save-every, --resume; Ctrl-C or SIGTERM: the iteration ends, a checkpoint is written
     checkpoints = Checkpoints(run_dir, model=model, optimizer=optimizer, rng=rng, args=args, sampler=sampler)
     first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, random states
     log = runs.IterationLog(
-        run_dir, args, model=model, first_iteration=first_iteration,
+        run_dir, args, model=model, ref_model=ref_model, first_iteration=first_iteration,
         evaluate=lambda: evaluate(model, prompt_format, task, eval_pairs, args, device, forward),
     )
     log.begin(defaults + why + prompt_format.default_line(), prompt_format.texts([eval_pairs[0][0]])[0])
@@ -529,7 +529,7 @@ if __name__ == "__main__":
         rollout = Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses, samples.mask,
                           advantages, old_logprobs, ref_logprobs)
         # A sampler μ ≠ π_θold: each token weighed or masked by π_θold/μ (eq. 124-127).
-        rollout, corrected = sampling.correct(rollout, samples.logprobs, args.correction, args.correction_cap)
+        rollout, figures = sampling.correct(rollout, samples.logprobs, args.correction, args.correction_cap)
         with log.phase("update"):
             stats = update_policy(train_model, optimizer, rollout, epochs, args, forward)
             sampler.refresh()  # the new weights, or those of --sampler-lag updates ago
@@ -537,7 +537,7 @@ if __name__ == "__main__":
         # Log: the same tags in every group file, means over all processes; evaluate when due.
         scalars = runs.rollout_stats(samples, rewards, advantages, accuracies=rewards,
                                      old_logprobs=old_logprobs, first_epoch=epochs[0])  # and the sampler gap
-        scalars.update(corrected)
+        scalars.update(figures)
         log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
         if checkpoints.after(iteration):  # a checkpoint when due; True when a stop was asked
             break

@@ -23,7 +23,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from common.processes import global_mean, is_sharded
+from common.processes import global_max, is_sharded, world_size
 
 # Flags a resumed run may change: the others are the run's own.
 MAY_CHANGE_ON_RESUME = (
@@ -72,7 +72,7 @@ class Checkpoints:
 
     @staticmethod
     def processes() -> int:
-        return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        return world_size()
 
     def trained(self) -> dict:
         """The weights training changes (with LoRA, only the adapters), by name."""
@@ -156,7 +156,7 @@ class Checkpoints:
     def stopped(self) -> bool:
         """Before an iteration: True when a stop was asked on any process before it began (while
         the starting model was evaluated, say). No iteration to finish: the run stops at once."""
-        self.stopping = global_mean(float(self.stop_asked)) > 0
+        self.stopping = global_max(float(self.stop_asked)) > 0
         if self.stopping and self.rank == 0:
             resume = self.how_to_resume()
             print(f"stopped before iteration {self.iteration + 1}; {resume}", flush=True)
@@ -167,7 +167,7 @@ class Checkpoints:
         so that a finished run can be extended) or a stop was asked on any process; True when every
         process must stop now."""
         self.iteration = iteration
-        self.stopping = global_mean(float(self.stop_asked)) > 0
+        self.stopping = global_max(float(self.stop_asked)) > 0
         due = self.args.save_every and (iteration % self.args.save_every == 0
                                         or iteration == self.args.num_iterations)
         if self.stopping or due:

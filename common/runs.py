@@ -19,16 +19,15 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from common.checkpoints import refuse_another_method, refuse_changed_flags, saved_state
-from common.decoding import cast_weights
+from common.memory import state_parts
 from common.perf import Roofline, work
-from common.policy import model_state_bytes
-from common.processes import global_fraction, global_max, global_mean, local, whole_weights
+from common.processes import global_fraction, global_max, global_mean, in_lockstep, world_size
 from common.sampling import sampler_differs
 
 STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
@@ -66,11 +65,14 @@ def parse_args(args_class):
     except SystemExit as e:
         if e.code in (0, None):
             raise
-        raise SystemExit(f"error: {tyro_error_line(errors.getvalue())}") from None
+        message = tyro_error_line(errors.getvalue())
+        if message.startswith("Unrecognized options"):
+            message = unknown_flags_line(argv, args_class) or message
+        raise SystemExit(f"error: {message}") from None
     if resume is not None:
         refuse_changed_flags(saved["args"], args)
     if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
-        raise SystemExit("error: --track logs to Weights & Biases, which is not installed: pip install wandb")
+        raise SystemExit("error: --track logs to Weights & Biases, an optional install: pip install wandb==0.31.0")
     return args
 
 
@@ -82,6 +84,23 @@ def stop_before_training(number, frame) -> None:
     name = signal.Signals(number).name
     print(f"\n{name}: stopped before training began; nothing was trained or saved", flush=True)
     raise SystemExit(128 + number)
+
+
+def unknown_flags_line(argv: list[str], args_class) -> Optional[str]:
+    """Flags the command line has and args_class has not, each with the closest known flag (None:
+    no such flag)."""
+    import difflib
+
+    known = [f"--{name.replace('_', '-')}" for name in args_class.__dataclass_fields__]
+    known += [f"--no-{flag[2:]}" for flag in known]  # a boolean's negation
+    typed = [word.split("=", 1)[0] for word in argv if word.startswith("--")]
+    said = []
+    for flag in (flag for flag in typed if flag not in known):
+        close = difflib.get_close_matches(flag, known, n=1)
+        said.append(f"{flag} (perhaps {close[0]}?)" if close else flag)
+    if not said:
+        return None
+    return f"unrecognized option{'s' * (len(said) > 1)} {', '.join(said)}; --help lists them all"
 
 
 def tyro_error_line(box: str) -> str:
@@ -143,14 +162,16 @@ class IterationLog:
 
     Every process times its phases and joins the cross-process means; process 0 alone writes,
     prints and evaluates. `evaluate()` returns the held-out rewards of k sampled responses per
-    prompt and of a greedy one. Under --fsdp every process gathers `model`'s weights for it.
+    prompt and of a greedy one; under --fsdp the other processes join its forward passes.
+    `ref_model` is counted in the memory each process holds.
     """
 
     def __init__(self, run_dir: str, args, evaluate: Callable[[], tuple], model=None,
-                 first_iteration: int = 1):
+                 first_iteration: int = 1, ref_model=None):
         from torch.utils.tensorboard import SummaryWriter
 
         self.args, self.model, self.evaluate, self.folder = args, model, evaluate, run_dir
+        self.ref_model = ref_model
         self.first_iteration = first_iteration
         self.responses = args.prompts_per_iteration * args.group_size  # over all processes
         self.num_iterations, self.eval_every = args.num_iterations, args.eval_every
@@ -169,38 +190,33 @@ class IterationLog:
             if getattr(args, "track", False):  # CleanRL's --track: W&B mirrors the TensorBoard scalars (started first)
                 import wandb
 
+                # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
+                # it mirrors into it, and copies of copies would pile up in a folder it watches
                 wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                           name=os.path.basename(self.folder), dir=self.folder, sync_tensorboard=True)
+                           name=os.path.basename(self.folder), sync_tensorboard=True)
             # a resumed run drops what the interrupted one logged after its checkpoint
             self.writer = SummaryWriter(self.folder, purge_step=first_iteration if first_iteration > 1 else None)
             table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
             self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
         self.start = self.iteration_start = time.time()
         self.iteration, self.seconds = first_iteration - 1, {}
+        self.evaluations = []  # (iteration, held-out accuracy, greedy): the closing line's first and last
         self.never_right = 0  # iterations in a row, from the start, with no sampled response right
         self.roofline = None if model is None else Roofline(model, args, self.cuda)
-
-    def whole_weights(self):
-        return contextlib.nullcontext() if self.model is None else whole_weights(self.model)
 
     def print_start(self, defaults: list[str], first_prompt: str) -> None:
         """The run's folder and size, each flag left to its default with the value chosen and why,
         and what the model reads."""
-        processes = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        processes = world_size()
         trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         device = next(self.model.parameters()).device.type
         print(f"{self.folder}: {trained:,} trained parameters on {processes} × {device}, "
               f"{self.responses} responses per iteration")
-        weights, trained = (sum(local(p).numel() * p.element_size() for p in self.model.parameters() if keep(p))
-                            / 2**20 for keep in (lambda p: True, lambda p: p.requires_grad))
-        state = model_state_bytes(self.model, None, processes) / 2**20  # what the pass sizes count
-        parts = [f"the policy's weights ({weights:,.1f} MB)", f"their gradients ({trained:,.1f} MB)",
-                 f"Adam's state ({2 * trained:,.1f} MB)"]
-        if self.cuda and getattr(self.args, "compile_decoding", False):  # counted by the pass sizes too
-            cast = 2 * sum(p.numel() for p in cast_weights(self.model)) / 2**20
-            state += cast
-            parts.append(f"the compiled steps' bfloat16 weights ({cast:,.1f} MB)")
-        print(f"each process holds {', '.join(parts[:-1])} and {parts[-1]}: {state:,.1f} MB before any activation")
+        # the parts the pass sizes count (common/memory.py), this process's own: a shard under --fsdp
+        parts = state_parts(self.model, self.ref_model, self.args, processes, self.cuda)
+        held = [f"{part} ({size / 2**20:,.1f} MB)" for part, size in parts.items()]
+        print(f"each process holds {', '.join(held[:-1])} and {held[-1]}: {sum(parts.values()) / 2**20:,.1f} MB "
+              "before any activation")
         for line in defaults:
             print(f"default {line}")
         print(f"the model reads (first held-out prompt): {first_prompt!r}")
@@ -208,10 +224,14 @@ class IterationLog:
             print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
 
     def held_out(self, iteration: int) -> str:
-        """Evaluate: accuracy sampled and greedy; with k samples per prompt, pass@1 and pass@k."""
-        with self.phase("evaluate"):
+        """Evaluate: accuracy sampled and greedy; with k samples per prompt, pass@1 and pass@k.
+        Process 0 evaluates; under --fsdp the others join its forward passes (in_lockstep)."""
+        with self.phase("evaluate"), in_lockstep(self.model):  # no model, no --fsdp: nothing
+            if not self.is_main:
+                return ""
             sampled, greedy = self.evaluate()  # rewards, [prompts, k] and [prompts, 1]
         figures = {"accuracy": sampled.mean().item(), "greedy_accuracy": greedy.mean().item()}
+        self.evaluations.append((iteration, figures["accuracy"], figures["greedy_accuracy"]))
         n = sampled.shape[1]
         if n > 1:
             right = (sampled == 1).sum(dim=1).tolist()
@@ -229,9 +249,9 @@ class IterationLog:
         if self.is_main and self.model is not None:
             self.print_start(list(defaults), first_prompt)
         if self.first_iteration == 1:
-            with self.whole_weights():
-                if self.is_main:
-                    print(f"iteration    0  {self.held_out(0)}  (log: {self.folder})", flush=True)
+            held_out = self.held_out(0)
+            if self.is_main:
+                print(f"iteration    0  {held_out}  (log: {self.folder})", flush=True)
         self.start = time.time()
 
     def begin_iteration(self, iteration: int) -> None:
@@ -288,8 +308,7 @@ class IterationLog:
             logged.update(self.roofline.figures(logged))
         logged = {tag: global_mean(value) for tag, value in logged.items()}
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
-        with self.whole_weights() if due else contextlib.nullcontext():
-            held_out = f"  {self.held_out(iteration)}" if due and self.is_main else ""
+        held_out = f"  {self.held_out(iteration)}" if due else ""
         if not self.is_main:
             return
         self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
@@ -302,7 +321,10 @@ class IterationLog:
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
         sampler = sampler_differs(getattr(self.args, "sampler_dtype", None), getattr(self.args, "sampler_lag", 0))
         if sampler and "charts/sampler_gap_mean" in logged:  # how far the sampler is from π_θold
-            update += f"gap {logged['charts/sampler_gap_mean']:.2g}  "
+            update += f"sampler-gap {logged['charts/sampler_gap_mean']:.2g}  "
+        if "charts/is_ratio_max" in logged:  # what the correction did: its largest ratio, the shares it left out
+            update += (f"ρ-max {logged['charts/is_ratio_max']:.3g}  masked {logged['charts/is_masked_fraction']:.2f} "
+                       f"(responses {logged['charts/is_masked_response_fraction']:.2f})  ")
         print(
             f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "
             f"length {logged['charts/response_length']:.1f}  "
@@ -327,8 +349,19 @@ class IterationLog:
                   "task is too hard for the model", flush=True)
 
     def close(self) -> None:
+        """The run's closing line: its iterations, held-out accuracy from its first evaluation to
+        its last, and where it is logged."""
         if self.is_main:
             self.writer.close()
+            held_out = ""
+            if len(self.evaluations) > 1:
+                (first, start, greedy_start), (last, end, greedy_end) = self.evaluations[0], self.evaluations[-1]
+                held_out = (f"; held-out {start:.3f} (iteration {first}) → {end:.3f} (iteration {last}), "
+                            f"greedy {greedy_start:.3f} → {greedy_end:.3f}")
+            seconds = time.time() - self.start
+            took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+            print(f"end: iteration {self.iteration}/{self.num_iterations} after {took} of training{held_out}; "
+                  f"curves: tensorboard --logdir {os.path.dirname(self.folder) or '.'}", flush=True)
             if getattr(self.args, "track", False):
                 import wandb
 

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from common.processes import global_fraction, global_max, whole_weights
+from common.processes import global_fraction, global_max, in_lockstep
 from common.tasks import EVAL_SEED
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
@@ -235,20 +235,31 @@ class Sampler:
     """The weights that sample: the policy itself (by default), or a copy of it in another dtype (an
     inference engine's bfloat16), or with the weights of `lag` updates ago (an asynchronous pipeline).
 
-    The copy follows the policy: `refresh()` after every update. With a lag it keeps the last
-    lag + 1 versions of the trained weights, which a checkpoint holds (state_dict).
+    The copy follows the policy: `refresh()` after every update. With a lag k the copy holds the
+    weights of k updates ago and `history` the k - 1 newer versions and the current one, in the
+    copy's dtype (the copy casts them anyway): what a checkpoint holds (state_dict).
     """
 
     def __init__(self, policy, dtype: Optional[str] = None, lag: int = 0):
         self.policy, self.lag = policy, lag
         self.copy = None
-        self.history = collections.deque(maxlen=lag + 1)  # trained weights, oldest first
+        self.history = collections.deque()  # trained weights of the k updates after the copy's, oldest first
         if not sampler_differs(dtype, lag):
             return  # the sampler is the trainer
         self.copy = copy.deepcopy(policy).eval().requires_grad_(False)
         if dtype is not None:
             self.copy.to(getattr(torch, dtype))
-        self.refresh()
+
+    @staticmethod
+    def bytes(policy, dtype: Optional[str], lag: int) -> tuple[float, float]:
+        """The bytes of the copy and of its history that Sampler(policy, dtype, lag) holds (0, 0:
+        none), counted before they are made (common/memory.py)."""
+        if not sampler_differs(dtype, lag):
+            return 0.0, 0.0
+        size = getattr(torch, dtype or "float32").itemsize
+        parameters = list(policy.parameters())
+        return (sum(p.numel() for p in parameters) * size,
+                lag * sum(p.numel() for p in parameters if p.requires_grad) * size)
 
     @property
     def model(self):
@@ -256,9 +267,9 @@ class Sampler:
 
     @contextlib.contextmanager
     def ready(self):
-        """The model that samples, in eval mode; under --fsdp the policy gathered whole meanwhile: a
-        process whose responses end early would otherwise wait in a collective the others never join."""
-        with whole_weights(self.policy):  # nothing without --fsdp (which refuses a copy)
+        """The model that samples, in eval mode; under --fsdp the policy, sharded, its forward passes
+        in lockstep with the other processes' (common/processes.py)."""
+        with in_lockstep(self.policy):  # nothing without --fsdp (which refuses a copy)
             self.model.eval()
             yield self.model
 
@@ -267,9 +278,15 @@ class Sampler:
 
     def refresh(self) -> None:
         """After an update: the copy takes the weights of `lag` updates ago (the new ones at lag 0)."""
-        if self.copy is not None:
-            self.history.append({name: p.clone() for name, p in self.trained().items()})
-            self._sample_with(self.history[0])
+        if self.copy is None:
+            return
+        if self.lag == 0:
+            self._sample_with(self.trained())
+            return
+        if len(self.history) == self.lag:  # the oldest version is now lag updates old
+            self._sample_with(self.history.popleft())
+        dtype = next(self.copy.parameters()).dtype
+        self.history.append({name: p.to(dtype, copy=True) for name, p in self.trained().items()})
 
     @torch.no_grad()
     def _sample_with(self, weights: dict) -> None:
@@ -278,17 +295,22 @@ class Sampler:
                 p.copy_(weights[name])  # cast to the copy's dtype
 
     def state_dict(self) -> dict:
-        return {"history": list(self.history)} if self.lag > 0 else {}
+        """With a lag: the copy's trained weights and the history (at lag 0 the policy's are the copy's)."""
+        if self.lag == 0:
+            return {}
+        return {"copy": {name: p.detach().clone() for name, p in self.copy.named_parameters() if name in
+                         self.trained()}, "history": list(self.history)}
 
     def load_state_dict(self, state: dict) -> None:
-        """A resumed run's sampler: its saved versions, or (no lag) the policy's weights as restored."""
+        """A resumed run's sampler: its saved weights, or (no lag) the policy's weights as restored."""
         if self.copy is None:
             return
+        history = list(state.get("history", []))
+        if history and "copy" not in state:  # written when the history held the copy's version first
+            state = {"copy": history.pop(0)}
         self.history.clear()
-        self.history.extend(state.get("history") or [{n: p.clone() for n, p in self.trained().items()}])
-        self._sample_with(self.history[0])
-
-
+        self.history.extend(history)
+        self._sample_with(state.get("copy") or self.trained())
 def sampler_differs(dtype: Optional[str], lag: int) -> bool:
     """Whether the weights that sample are not π_θold's: another dtype than float32 (the trainer's
     own, under a GPU's autocast too), or the weights of an earlier update."""

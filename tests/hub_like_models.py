@@ -39,8 +39,9 @@ def make_tokenizer(chat: bool, eos: str, pad: str | None):
     return tokenizer
 
 
-def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) -> str:
-    """Save a random model of architecture `arch` with its tokenizer in `folder`; returns the folder."""
+def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0, vocab_size: int | None = None) -> str:
+    """Save a random model of architecture `arch` with its tokenizer in `folder`; returns the folder. vocab_size:
+    the tokenizer padded with tokens <t0>, <t1>, ... to a real model's vocabulary (a draw over 49,152 entries)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -71,6 +72,8 @@ def make_model_folder(arch: str, folder, dropout: float = 0.1, seed: int = 0) ->
                       max_position_embeddings=512, rotary_pct=0.25, attention_dropout=dropout, hidden_dropout=dropout)
     else:
         raise ValueError(arch)
+    if vocab_size is not None:
+        tokenizer.add_tokens([f"<t{i}>" for i in range(vocab_size - len(tokenizer))])
     eos_id = tokenizer.eos_token_id
     config = AutoConfig.for_model(arch, vocab_size=len(tokenizer), bos_token_id=eos_id, eos_token_id=eos_id, **kwargs)
     model = AutoModelForCausalLM.from_config(config)

@@ -78,11 +78,12 @@ GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are 
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
     "common/runs.py": ["rollout_stats", "sampler_gap"],
-    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct"],
+    "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct", "bytes",
+                           "refresh", "state_dict", "load_state_dict"],
     "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
                            "grouped_attention", "decoding_cache"],
     "common/perf.py": ["work", "figures"],
-    "common/policy.py": ["state_bytes", "pass_size"],
+    "common/memory.py": ["gathered_weights", "training_state", "state_parts", "pass_size", "what_helps"],
 }
 COMMON = list(COMMON_FUNCTIONS)
 CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
@@ -113,6 +114,11 @@ TESTS = {
                               "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
+    # what each process holds and the pass sizes: their tests by hand, the holds line, the scale tool, the refusals
+    "common/memory.py": ["tests/test_common.py", "tests/test_scale.py", "tests/test_gpu_check.py",
+                         "tests/test_group_runs.py", "-k",
+                         "state or refused or pass_size or response_costs or fit_table or plan or refusals "
+                         "or what_each_process_holds"],
     # the decoding steps and the perf line: their own tests, and the samplings that go through them (greedy against
     # Hugging Face's generate, the draw's frequencies at a temperature)
     **{f: ["tests/test_decoding.py", "tests/test_group_prompts.py", "tests/test_sampler.py", "tests/test_common.py",
@@ -409,10 +415,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        '(unequal signal per process; whole-batch statistics), whose torchrun launch the mutation run leaves out'
        for line, mutation in (('if torch.distributed.is_initialized():', 'delete the if'),
                               ('torch.distributed.all_reduce(total, op=op)', 'delete the statement'))},
-    ('common/policy.py', 'sizes = [n for n in range(1, minibatch + 1)', '1 → 2'):
+    ('common/memory.py', 'sizes = [n for n in range(1, minibatch + 1)', '1 → 2'):
         'equivalent: either bound of the range moved by one changes nothing: a size of 1 is the default when no '
         'size fits, and minibatch + 1 never divides the minibatch',
-    ('common/policy.py', 'if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]', '< → <='):
+    ('common/memory.py', 'if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]', '< → <='):
         'equivalent: n = G is a whole group, let in by n % G == 0 already',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',

@@ -1,9 +1,11 @@
-"""The runtime of common/ (policy.py, sampling.py, processes.py, runs.py): the defaults that depend on the model and
-the machine, the memory a pass may take, the prompt format's default, the statistics every group file logs, and the
-draw of a token (grpo.py's sample_token, the same in every group file)."""
+"""The runtime of common/ (policy.py, memory.py, sampling.py, processes.py, runs.py): the defaults that depend on the
+model and the machine, what each process holds and the memory a pass may take, the refusal of what does not fit,
+the prompt format's default, the statistics every group file logs, and the draw of a token (grpo.py's sample_token,
+the same in every group file)."""
 import os
 import re
 import sys
+import types
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import tyro
 
 import dapo
 import grpo
-from common import policy, processes, runs, sampling
+from common import memory, policy, processes, runs, sampling
 from conftest import ROOT
 
 
@@ -87,8 +89,8 @@ class Config:
 
 def test_a_response_costs_its_logits_and_activations_by_hand():
     # 16 response tokens × vocabulary 1,000 × 4 bytes × 6 copies; (16 + 40 / 8) tokens × 2 layers × width 10 × 20 × 4
-    assert policy.response_bytes(16, 40, 8, Config(1000, 2, 10), 4) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 4
-    assert policy.response_bytes(16, 40, 8, Config(1000, 2, 10), 2) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 2
+    assert memory.response_bytes(16, 40, 8, Config(1000, 2, 10), 4) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 4
+    assert memory.response_bytes(16, 40, 8, Config(1000, 2, 10), 2) == 16 * 1000 * 4 * 6 + 21 * 2 * 10 * 20 * 2
 
 
 @pytest.mark.parametrize("minibatch, group_size, per_response, budget, expected", [
@@ -102,7 +104,7 @@ def test_a_response_costs_its_logits_and_activations_by_hand():
 ])
 def test_the_pass_size_is_the_most_that_divides_the_minibatch_and_fits(minibatch, group_size, per_response, budget,
                                                                         expected):
-    assert policy.pass_size(minibatch, group_size, per_response, budget) == expected
+    assert memory.pass_size(minibatch, group_size, per_response, budget) == expected
 
 
 def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
@@ -110,15 +112,75 @@ def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
     fits whole; a GPT-2-124M shape with 256 tokens does not, and its passes are cut to fit."""
     args, _ = resolved(grpo, model="gpt2", cuda=False)
     smollm2 = type("Model", (), {"config": Config(49152, 30, 576), "parameters": lambda self: iter([torch.zeros(1)])})()
-    size, line = policy.responses_per_pass(args, smollm2, None, 158)
+    size, line = memory.responses_per_pass(args, smollm2, None, 158)
     assert size == 16 and line[0].startswith("--micro-batch-size 16  (responses per pass: the most")
     assert args.micro_batch_size is None  # the flag stays as typed: the run's start-up holds the size
     args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
     gpt2 = type("Model", (), {"config": Config(50257, 12, 768), "parameters": lambda self: iter([torch.zeros(1)])})()
-    size, _ = policy.responses_per_pass(args, gpt2, None, 60)
-    per_response = policy.response_bytes(256, 60, 8, gpt2.config, 4)
-    assert size * per_response <= policy.CPU_PASS_BUDGET < 2 * size * per_response
-    assert policy.responses_per_pass(grpo.Args(micro_batch_size=4), gpt2, None, 60) == (4, [])  # typed: as typed
+    size, _ = memory.responses_per_pass(args, gpt2, None, 60)
+    per_response = memory.response_bytes(256, 60, 8, gpt2.config, 4)
+    assert size * per_response <= memory.CPU_PASS_BUDGET < 2 * size * per_response
+    typed, _ = resolved(grpo, model="gpt2", cuda=False, micro_batch_size=4)
+    assert memory.responses_per_pass(typed, gpt2, None, 60) == (4, [])  # typed: as typed
+
+
+class Weight:
+    """A parameter as the memory estimate reads it, on a GPU and without its values."""
+
+    def __init__(self, numel: int, requires_grad: bool = True, element_size: int = 4):
+        self.numel, self.requires_grad = lambda: numel, requires_grad
+        self.element_size, self.device = lambda: element_size, torch.device("cuda")
+
+
+def on_a_card(parameters: int, config, gib: float, monkeypatch):
+    """A fully trained model of `parameters` weights on a card of `gib` GiB, as responses_per_pass sees it."""
+    weight = Weight(parameters)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: types.SimpleNamespace(
+        total_memory=gib * 2**30))
+    return type("Model", (), {"config": config, "parameters": lambda self: iter([weight])})()
+
+
+def test_a_model_that_does_not_fit_is_refused_typed_micro_batch_or_not_with_flags_that_help(monkeypatch):
+    """14.8B weights fully trained hold 16 bytes each, 221 GiB, on an 80 GiB card: refused whether or not
+    --micro-batch-size is typed, with advice that would shrink the state from where the run stands."""
+    model = on_a_card(14_800_000_000, Config(152064, 48, 5120), 80, monkeypatch)
+    for typed in (None, 4):
+        args, _ = resolved(grpo, model="gpt2", micro_batch_size=typed)
+        with pytest.raises(SystemExit) as e:
+            memory.responses_per_pass(args, model, None, 64)
+        assert str(e.value).startswith("error: the training state (220.5 GiB) leaves less than a pass of one response")
+        assert str(e.value).endswith(": train LoRA adapters (--lora-rank 16), shard over cards (torchrun "
+                                     "--nproc_per_node N, --fsdp), lower --max-new-tokens")
+    under_fsdp = types.SimpleNamespace(fsdp=True, lora_rank=0, sampler_dtype=None, sampler_lag=0)
+    assert memory.what_helps(under_fsdp) == "shard over more cards (torchrun --nproc_per_node), lower --max-new-tokens"
+    lora_lagging = types.SimpleNamespace(fsdp=False, lora_rank=16, sampler_dtype="bfloat16", sampler_lag=0)
+    assert memory.what_helps(lora_lagging) == ("sample with the policy itself (no --sampler-dtype, --sampler-lag 0), "
+                                               "lower --max-new-tokens")
+    small = on_a_card(100_000_000, Config(152064, 48, 5120), 80, monkeypatch)  # 1.5 GiB of state: fits
+    assert memory.responses_per_pass(resolved(grpo, model="gpt2", micro_batch_size=4)[0], small, None, 64) == (4, [])
+
+
+def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch):
+    """P weights fully trained: 4 bytes each, their gradients 4, Adam 8; DDP's buckets 4 on several processes; a
+    bfloat16 sampler at lag 3: a copy (2 bytes a weight) and 3 versions of the trained weights (2 each); a float32
+    one: 4 and 3 × 4; the compiled steps' bfloat16 weights only where the copy is float32 (cast_weights: counted in
+    tests/test_decoding.py)."""
+    P = 1000
+    model = type("Model", (), {"parameters": lambda self: iter([Weight(P)])})()
+    monkeypatch.setattr(memory, "cast_weights", lambda model: [torch.zeros(P)])
+    args = types.SimpleNamespace(sampler_dtype="bfloat16", sampler_lag=3, compile_decoding=True)
+    assert memory.state_parts(model, None, args, processes=2, cuda=True) == {
+        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
+        "DDP's gradient buckets": 4 * P, "the sampler's bfloat16 copy": 2 * P,
+        "the 3 newer versions of its lag": 3 * 2 * P}
+    args.sampler_dtype = None
+    assert memory.state_parts(model, model, args, processes=1, cuda=True) == {
+        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
+        "the sampler's float32 copy": 4 * P, "the 3 newer versions of its lag": 3 * 4 * P,
+        "the compiled steps' bfloat16 weights": 2 * P}
+    args.sampler_lag = 0  # float32 at lag 0 is the policy itself; a reference model that is another model counts
+    assert memory.state_parts(model, type(model)(), args, processes=1, cuda=False) == {
+        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P, "the reference model": 4 * P}
 
 
 def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():
@@ -334,7 +396,10 @@ def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
     (["--kl-estimator", "k4"],
      "error: invalid choice 'k4' for argument '--kl-estimator'. Expected one of ('k1', 'k2', 'k3')"),
     (["--group-size"], "error: Missing value for argument '--group-size'. Expected 1 values"),
-    (["--groupsize", "4"], "error: Unrecognized options: --groupsize, 4"),
+    (["--groupsize", "4"], "error: unrecognized option --groupsize (perhaps --group-size?); --help lists them all"),
+    (["--group-szie", "8", "--lerning-rate=3", "--xyz"], "error: unrecognized options --group-szie (perhaps "
+     "--group-size?), --lerning-rate (perhaps --learning-rate?), --xyz; --help lists them all"),
+    (["--no-trak"], "error: unrecognized option --no-trak (perhaps --no-track?); --help lists them all"),
 ])
 def test_a_value_the_parser_cannot_read_is_one_line_too(argv, message, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["grpo.py", *argv])

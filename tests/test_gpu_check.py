@@ -87,11 +87,14 @@ def test_the_runs_report_their_figures(folders, options):
 
 def test_the_refusals_are_one_line_each(folders, options):
     lines = gpu_check.step_refusals(SHAPES, folders, options)
-    assert len(lines) == 3 and all(": error: " in line and "\n" not in line for line in lines)
+    assert len(lines) == 4 and all(": error: " in line and "\n" not in line for line in lines)
     assert "--micro-batch-size must be >= 1 and divide the minibatch" in lines[0]
-    # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments)
+    # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments); a bfloat16
+    # sampler's copy adds 2 bytes each: 18 / 16 of 113.5 GiB
     assert "the training state (113.5 GiB) leaves less than a pass of one response" in lines[1]
-    assert "the training state (220.1 GiB) leaves less than a pass of one response" in lines[2]
+    assert "--sampler-dtype bfloat16: error: the training state (127.7 GiB)" in lines[2]
+    assert "sample with the policy itself (no --sampler-dtype, --sampler-lag 0)" in lines[2]
+    assert "the training state (220.1 GiB) leaves less than a pass of one response" in lines[3]
 
 
 def test_the_tool_runs_each_step_in_a_process_and_writes_the_tables(tmp_path):

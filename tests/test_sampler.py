@@ -37,9 +37,37 @@ def test_a_lagging_sampler_samples_with_the_weights_of_k_updates_ago(lag):
             again = sampling.Sampler(policy, lag=lag)
             again.load_state_dict(sampler.state_dict())
             assert all(torch.equal(a, b) for a, b in zip(again.model.parameters(), sampler.model.parameters()))
+            if lag:  # a checkpoint written when the history held the copy's version first
+                state = sampler.state_dict()
+                older = sampling.Sampler(policy, lag=lag)
+                older.load_state_dict({"history": [state["copy"], *state["history"]]})
+                assert all(torch.all(p == expected) for p in older.model.parameters())
+                assert [v["transformer.wte.weight"][0, 0].item() for v in older.history] == list(range(
+                    int(expected) + 1, n + 1))
         set_weights(policy, n + 1.0)  # the update of iteration n
         sampler.refresh()
     assert all(p.requires_grad for p in policy.parameters())  # the copy is frozen, the policy is not
+
+
+@pytest.mark.parametrize("dtype, lag", [("bfloat16", 0), (None, 2), ("bfloat16", 3), ("float16", 1)])
+def test_the_sampler_holds_k_versions_in_its_dtype_as_its_bytes_count(dtype, lag):
+    """At lag k the copy holds the oldest version and the history the k newer ones, in the copy's dtype; at lag 0 no
+    version is kept: Sampler.bytes, counted before the copy exists, is what the copy and its full history hold."""
+    policy = tiny_gpt2()
+    sampler = sampling.Sampler(policy, dtype, lag)
+    for n in range(lag + 2):
+        set_weights(policy, n + 2.0)
+        sampler.refresh()
+    def held(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors)
+    weights = sum(p.numel() for p in policy.parameters())
+    size = {"bfloat16": 2, "float16": 2, None: 4}[dtype]
+    assert len(sampler.history) == lag and all(t.dtype == sampler.copy.lm_head.weight.dtype
+                                               for version in sampler.history for t in version.values())
+    assert held(sampler.copy.parameters()) == weights * size
+    assert held(t for version in sampler.history for t in version.values()) == lag * weights * size
+    assert sampling.Sampler.bytes(policy, dtype, lag) == (weights * size, lag * weights * size)
+    assert sampling.Sampler.bytes(policy, "float32", 0) == (0, 0)
 
 
 def test_a_sampler_copy_in_another_dtype_follows_every_update():
@@ -67,7 +95,8 @@ def test_the_default_sampler_is_the_policy_and_no_correction_touches_the_rollout
     default, _ = in_process("grpo", flags, subdir="default")
     typed, out = in_process("grpo", flags + ["--sampler-dtype", "float32", "--sampler-lag", "0", "--correction",
                                              "none"], subdir="typed")
-    assert "gap " not in out and "the sampler is not the trainer" not in out  # no other sampler: nothing said
+    assert "sampler-gap" not in out and "ρ-max" not in out  # no other sampler: nothing said
+    assert "the sampler is not the trainer" not in out
     expected, actual = scalars(default), scalars(typed)
     assert actual == expected and len(expected) > 40
 
@@ -283,3 +312,13 @@ def test_gspo_logs_the_loss_its_gradient_sees_when_a_correction_drops_a_response
     for module in (gspo, grpo):
         loss = module.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), advantages, mask, beta=0.0)
         assert loss.item() == pytest.approx(-0.5), module.__name__
+
+
+def test_the_console_says_how_far_the_sampler_is_and_what_the_correction_left_out(in_process):
+    """A lagging sampler: each iteration's line names the gap, the largest ratio and the shares of tokens and of
+    responses the correction (sequence-geo-reject, the lag's) left out of the loss."""
+    import re
+
+    _, out = in_process("grpo", FLAGS[:-2] + ["--sampler-lag", "1", "--num-iterations", "3"])
+    lines = [line for line in out.splitlines() if line.startswith("iteration    3/3")]
+    assert re.search(r"  sampler-gap [\d.e-]+  ρ-max [\d.e+]+  masked \d\.\d\d \(responses \d\.\d\d\)  ", lines[0])

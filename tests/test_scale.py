@@ -40,7 +40,7 @@ def test_the_plan_sizes_passes_as_a_run_does():
     """The plan's rows come from the functions a run calls: SmolLM2 on a CPU keeps its whole minibatch of 16 (the
     recipe's passes), no GPU row's estimate exceeds 90 % of the card, and a 7B model sharded over 8 cards (--fsdp)
     charges each process its share of the training state, not the whole model's."""
-    from common import policy
+    from common import memory
     from common.tools import scale as tool
 
     result = subprocess.run([sys.executable, "-m", "common.tools.scale"], cwd=ROOT, capture_output=True, text=True,
@@ -57,21 +57,28 @@ def test_the_plan_sizes_passes_as_a_run_does():
     for name, where, _, trained, *_ in tool.PLAN:
         if where != "cpu":
             assert float(rows[f"{name} {trained}"][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
-    assert policy.pass_size(16, 8, 65 * 2**20, policy.CPU_PASS_BUDGET) == 16
+    assert memory.pass_size(16, 8, 65 * 2**20, memory.CPU_PASS_BUDGET) == 16
 
 
 def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):
-    from common import policy
+    import torch
+
+    from common import memory
     from common.tools import scale as S
 
+    # 8 blocks of 100 weights and 200 outside them (embeddings, final norm): P = 1000
+    model = torch.nn.Sequential(torch.nn.ModuleList(torch.nn.Linear(10, 10, bias=False) for _ in range(8)),
+                                torch.nn.Linear(20, 10, bias=False))
     P, L = 1000, 10
-    assert S.fit_state_bytes("DDP", P, L, 1) == 16 * P and S.fit_state_bytes("DDP", P, L, 4) == 20 * P
-    assert S.fit_state_bytes("DDP + LoRA r16", P, L, 8) == 2 * P + 20 * L
-    assert S.fit_state_bytes("FSDP", P, L, 4) == 4 * P + 4 * P  # a quarter of 16 bytes, and the whole weights
+    assert sum(p.numel() for p in model.parameters()) == P and memory.gathered_weights(model) == 200 + 2 * 100
+    assert S.fit_state_bytes("DDP", model, L, 1) == 16 * P and S.fit_state_bytes("DDP", model, L, 4) == 20 * P
+    assert S.fit_state_bytes("DDP + LoRA r16", model, L, 8) == 2 * P + 20 * L
+    # a quarter of 16 bytes, and in float32 what FSDP gathers at once: the root's weights and two blocks
+    assert S.fit_state_bytes("FSDP", model, L, 4) == 4 * P + 4 * 400
     # a reference copy (β > 0) is made before the sharding: whole on every card, in both layouts
-    assert policy.state_bytes(P, P, 0, 4, fsdp=True, reference=2 * P) == 4 * P + 4 * P + 2 * P
-    assert policy.state_bytes(P, P, 0, 1, fsdp=False, reference=2 * P) == 16 * P + 2 * P
-    assert policy.state_bytes(P, P, 0, 2, fsdp=False) == 20 * P  # DDP's buckets from the second process on
+    assert memory.state_bytes(P, 0, 4, gathered=400, reference=2 * P) == 4 * P + 4 * 400 + 2 * P
+    assert memory.state_bytes(P, 0, 1, reference=2 * P) == 16 * P + 2 * P
+    assert memory.state_bytes(P, 0, 2) == 20 * P  # DDP's buckets from the second process on
     S.fit()
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in capsys.readouterr().out.splitlines()
             if line.startswith("| qwen")}

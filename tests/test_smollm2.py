@@ -53,10 +53,12 @@ def test_complete_folder_is_left_as_it_is(tmp_path, capsys, no_download):
     from common import policy
 
     words = shlex.split(command)
-    assert words[:2] == ["python", "grpo.py"] and "--task" in words and words[words.index("--task") + 1] == "addition2"
-    args = tyro.cli(grpo.Args, args=words[2:])
+    assert words == ["python", "grpo.py", "--model", str(out)]  # no flag: a real model's CPU defaults
+    args = tyro.cli(grpo.Args, args=words[2:] + ["--no-cuda"])
     policy.resolve_defaults(args, beta=grpo.BETA)
     grpo.check_args(args)
+    assert (args.task, args.few_shot, args.beta, args.max_new_tokens, args.prompts_per_iteration, args.learning_rate,
+            args.num_iterations, args.eval_every, args.eval_size) == ("addition2", 3, 0.0, 16, 8, 1e-5, 24, 6, 64)
 
 
 def test_chat_template_inside_tokenizer_config_counts(tmp_path):

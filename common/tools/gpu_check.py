@@ -511,7 +511,7 @@ def step_refusals(shapes, folders, options) -> list[str]:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     import grpo
-    from common import policy
+    from common import memory, policy
     from common.tools.scale import CONFIGS
 
     lines = []
@@ -523,18 +523,22 @@ def step_refusals(shapes, folders, options) -> list[str]:
     except SystemExit as e:
         lines.append(f"- `--micro-batch-size 24`: {e}")
     card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 10**9
-    for name in ["qwen2.5-7b", "qwen2.5-14b"]:  # 7B's state fits a 141 GB card, not an 80 GB one; 14B's fits neither
+    # 7B's state fits a 141 GB card, not an 80 GB one, nor with a bfloat16 sampler's copy; 14B's fits neither
+    for name, sampler_dtype in [("qwen2.5-7b", None), ("qwen2.5-7b", "bfloat16"), ("qwen2.5-14b", None)]:
         model_type, fields = CONFIGS[name]
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
-        state = policy.model_state_bytes(model, None, processes=1)
-        per_response = policy.response_bytes(256, 64, 8, model.config, 2)
+        args = grpo.Args(sampler_dtype=sampler_dtype)
+        state = sum(memory.state_parts(model, None, args, processes=1, cuda=True).values())
+        per_response = memory.response_bytes(256, 64, 8, model.config, 2)
+        what = f"{name} fully fine-tuned on one card" + (f", --sampler-dtype {sampler_dtype}" if sampler_dtype else "")
         try:
-            policy.refuse_what_does_not_fit(policy.pass_budget(card, state), per_response, state, card)
-            lines.append(f"- {name} fully fine-tuned on one card: fits (its training state {state / 2**30:.1f} GiB "
-                         f"of the card's {card / 2**30:.1f} GiB), not refused")
+            memory.refuse_what_does_not_fit(memory.pass_budget(card, state), per_response, state, card,
+                                            memory.what_helps(args))
+            lines.append(f"- {what}: fits (its training state {state / 2**30:.1f} GiB of the card's "
+                         f"{card / 2**30:.1f} GiB), not refused")
         except SystemExit as e:
-            lines.append(f"- {name} fully fine-tuned on one card: {e}")
+            lines.append(f"- {what}: {e}")
     return lines
 
 

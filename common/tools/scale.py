@@ -8,7 +8,7 @@ initialised model of a real configuration.
         --variants full lora full+bf16-logits --prompts 32 --max-new-tokens 256 --micro-batch-size 32   # on a GPU box
 
 The plan prints, for SmolLM2-135M and a GPT-2-124M shape on a CPU and the README's GPU models on an 80 GB card, the
-responses per forward/backward pass that the defaults choose (common/policy.py: response_bytes, state_bytes,
+responses per forward/backward pass that the defaults choose (common/memory.py: response_bytes, state_bytes,
 pass_budget, pass_size; the same functions a run calls) and the memory that is estimated to need: the training
 state and one pass. Then,
 for each README GPU model, which of DDP, DDP + LoRA and FSDP (--fsdp) fits on 1, 4 and 8 cards, with the state each
@@ -129,7 +129,7 @@ def plan() -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common import policy
+    from common import memory, policy
 
     print("| model | where | processes | trained | state per process | per response | budget | pass size | "
           "estimated peak |")
@@ -147,13 +147,14 @@ def plan() -> None:
         if trained_kind.startswith("LoRA"):  # r (in + out) trained values per linear layer of attention and MLP
             trained = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                           if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-            state = policy.state_bytes(parameters + trained, trained, parameters * frozen_bytes, processes, False)
+            state = memory.state_bytes(trained, parameters * frozen_bytes, processes)
         else:  # every weight trained, in a whole copy per process (DDP) or sharded (FSDP)
-            state = policy.state_bytes(parameters, parameters, 0, processes, trained_kind == "FSDP", reference)
-        per_response = policy.response_bytes(real["max_new_tokens"], prompt_tokens, 8, config, 2 if gpu else 4)
-        budget = policy.pass_budget(GPU_MEMORY if gpu else None, state)
+            gathered = memory.gathered_weights(model) if trained_kind == "FSDP" else None
+            state = memory.state_bytes(parameters, 0, processes, gathered, reference)
+        per_response = memory.response_bytes(real["max_new_tokens"], prompt_tokens, 8, config, 2 if gpu else 4)
+        budget = memory.pass_budget(GPU_MEMORY if gpu else None, state)
         minibatch = real["prompts_per_iteration"] // processes // 4 * 8
-        size = policy.pass_size(minibatch, 8, per_response, budget)
+        size = memory.pass_size(minibatch, 8, per_response, budget)
         print(f"| {name} | {where} | {processes} | {trained_kind} | "
               f"{state / 2**30:.1f} GiB | {per_response / 2**20:,.0f} MB ({real['max_new_tokens']} + {prompt_tokens}/8 "
               f"tokens) | {budget / 2**30:.1f} GiB | {size} of {minibatch} | "
@@ -165,28 +166,29 @@ FIT_MODELS = ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b"]
 FIT_CARDS = [1, 4, 8]
 
 
-def fit_state_bytes(strategy: str, parameters: int, adapters: int, cards: int) -> float:
-    """What each process holds before any pass, β = 0, by the rule a run sizes its passes with (common/policy.py:
-    state_bytes). DDP: 16 bytes a parameter (+ 4 for DDP's buckets on several cards); DDP + LoRA: the base in
-    bfloat16 (2), the adapters' 16 (+ 4); FSDP: a 1/N shard of the 16, and the whole float32 weights (4) gathered
-    for sampling."""
-    from common import policy
+def fit_state_bytes(strategy: str, model, adapters: int, cards: int) -> float:
+    """What each process holds before any pass, β = 0, by the rule a run sizes its passes with (common/memory.py:
+    training_state). DDP: 16 bytes a parameter (+ 4 for DDP's buckets on several cards); DDP + LoRA: the base in
+    bfloat16 (2), the adapters' 16 (+ 4); FSDP: a 1/N shard of the 16, and in float32 (4) what is gathered at once:
+    the weights outside the decoder blocks and two blocks."""
+    from common import memory
 
+    parameters = sum(p.numel() for p in model.parameters())
     if strategy == "DDP":
-        return policy.state_bytes(parameters, parameters, 0, cards, fsdp=False)
+        return memory.state_bytes(parameters, 0, cards)
     if strategy == "DDP + LoRA r16":
-        return policy.state_bytes(parameters + adapters, adapters, parameters * 2, cards, fsdp=False)
-    return policy.state_bytes(parameters, parameters, 0, cards, fsdp=True)
+        return memory.state_bytes(adapters, parameters * 2, cards)
+    return memory.state_bytes(parameters, 0, cards, gathered=memory.gathered_weights(model))
 
 
 def fit() -> None:
     """Which of DDP, DDP + LoRA and FSDP fits each README GPU model on 1, 4 and 8 cards of 80 GB: the state per
-    process, and whether what 90 % of a card leaves holds a pass of at least one response (common/policy.py's rule:
+    process, and whether what 90 % of a card leaves holds a pass of at least one response (common/memory.py's rule:
     half of it for the pass) of 256 tokens after a 64-token prompt."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from common import policy
+    from common import memory
 
     print("\nState per process, and whether a pass of one response fits (✓) on cards of 80 GB; β = 0 (β > 0 adds a "
           "bfloat16 reference copy, 2 bytes a parameter, except with LoRA):\n")
@@ -202,15 +204,15 @@ def fit() -> None:
         parameters = sum(p.numel() for p in model.parameters())
         adapters = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                        if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-        per_response = policy.response_bytes(256, 64, 8, config, 2)
+        per_response = memory.response_bytes(256, 64, 8, config, 2)
         cells = []
         for strategy in ("DDP", "DDP + LoRA r16", "FSDP"):
             for cards in FIT_CARDS:
                 if strategy == "FSDP" and cards == 1:
                     cells.append("(shards over 2+)")
                     continue
-                state = fit_state_bytes(strategy, parameters, adapters, cards)
-                fits = policy.pass_budget(GPU_MEMORY, state) >= per_response
+                state = fit_state_bytes(strategy, model, adapters, cards)
+                fits = memory.pass_budget(GPU_MEMORY, state) >= per_response
                 cells.append(f"{state / 2**30:.0f} GiB {'✓' if fits else '✗'}")
         print(f"| {name} | {parameters / 1e9:.2f}B | " + " | ".join(cells) + " |")
 
