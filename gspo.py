@@ -389,7 +389,7 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list, args:
     ref_logprobs = None if ref_model is None else torch.zeros_like(old_logprobs)
     model.eval()
     for inds in [inds for minibatch in first_epoch for inds in minibatch.passes]:
-        if args.old_logprobs == "trainer":
+        if args.old_logprobs != "sampler":  # rescored by the trainer
             old_logprobs[inds] = logprobs_of(model, samples, inds, args, forward)
         if ref_model is not None:  # with LoRA, π_ref is the policy with its adapters off
             with ref_model.disable_adapter() if args.lora_rank > 0 else contextlib.nullcontext():

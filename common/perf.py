@@ -62,7 +62,8 @@ class Roofline:
         # a token's keys and values, in bfloat16 on a GPU
         self.kv_bytes = text.num_hidden_layers * 2 * kv_heads * head_dim * (2 if cuda else 4)
         self.vocab, self.cuda = text.vocab_size, cuda
-        self.scorers = 1 + ((getattr(args, "beta", 0) or 0) > 0)  # π_ref scores too (LoRA: adapters off)
+        # π_θold scores unless the sampler's log-probs stand in (--old-logprobs sampler); π_ref too when β > 0
+        self.scorers = (getattr(args, "old_logprobs", None) != "sampler") + ((getattr(args, "beta", 0) or 0) > 0)
         self.update_passes = args.update_epochs * (2 if args.lora_rank > 0 else 3)
         self.flops_peak, self.bytes_peak = machine_ceilings(next(model.parameters()).device)
 

@@ -66,8 +66,8 @@ class ModelArgs:
     """for a sampler μ that is not π_θold (common/EQUATIONS.md (124)-(127)); None: by the mismatch's kind"""
     correction_cap: Optional[float] = None
     """C: the cap on π_θold/μ, or the band [1/C, C]; None: 2 (sequence-geo-reject 1.03, sequence-mis 3)"""
-    old_logprobs: Literal["trainer", "sampler"] = "trainer"
-    """π_θold of the ratio: rescored by the trainer, or the sampler's own log-probs (no scoring pass)"""
+    old_logprobs: Optional[Literal["trainer", "sampler"]] = None
+    """π_θold of the ratio: rescored by the trainer, or the sampler's log-probs; None: sampler with a lag"""
     # Evaluation and bookkeeping
     eval_every: Optional[int] = None
     """evaluate every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""

@@ -72,7 +72,8 @@ def parse_args(args_class):
     if resume is not None:
         refuse_changed_flags(saved["args"], args)
     if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
-        raise SystemExit("error: --track logs to Weights & Biases, an optional install: pip install wandb==0.31.0")
+        raise SystemExit("error: --track logs to Weights & Biases, an optional install: "
+                         "pip install wandb==0.31.0")
     return args
 
 
@@ -320,10 +321,13 @@ class IterationLog:
         update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
         sampler = sampler_differs(getattr(self.args, "sampler_dtype", None), getattr(self.args, "sampler_lag", 0))
-        if sampler and "charts/sampler_gap_mean" in logged:  # how far the sampler is from π_θold
+        # how far the sampler is from π_θold (none to tell when μ is π_old: --old-logprobs sampler)
+        rescored = getattr(self.args, "old_logprobs", None) != "sampler"
+        if sampler and rescored and "charts/sampler_gap_mean" in logged:
             update += f"sampler-gap {logged['charts/sampler_gap_mean']:.2g}  "
-        if "charts/is_ratio_max" in logged:  # what the correction did: its largest ratio, the shares it left out
-            update += (f"ρ-max {logged['charts/is_ratio_max']:.3g}  masked {logged['charts/is_masked_fraction']:.2f} "
+        if "charts/is_ratio_max" in logged:  # the correction: its largest ratio, the shares left out
+            update += (f"ρ-max {logged['charts/is_ratio_max']:.3g}  "
+                       f"masked {logged['charts/is_masked_fraction']:.2f} "
                        f"(responses {logged['charts/is_masked_response_fraction']:.2f})  ")
         print(
             f"iteration {iteration:4d}/{self.num_iterations}  accuracy {logged['charts/train_accuracy']:.3f}  "

@@ -318,23 +318,28 @@ def sampler_differs(dtype: Optional[str], lag: int) -> bool:
 
 
 Correction = Literal["none", "token-tis", "token-reject", "token-icepop", "sequence-geo-reject", "sequence-mis"]
-# --correction left unset, by the kind of mismatch (common/EQUATIONS.md (124)-(128)):
-# a copy of the current weights in another dtype: token-level TIS, the fix the literature on bfloat16
-# samplers uses (Yao et al. 2025); weights k updates old: the geometric-mean rejection, which the lab
-# found to keep learning 4 updates stale (common/results/lab.md)
+# Left unset, by the kind of mismatch (common/EQUATIONS.md (124)-(128); common/results/lab.md, the sampler is
+# not π_θold). Weights k updates old: μ itself as π_old (--old-logprobs sampler), which learned best at lags 1
+# and 4 and keeps every response; rescored (--old-logprobs trainer), the geometric-mean rejection, the best
+# correction 4 updates stale. A copy of the current weights in another dtype: token-level TIS, the fix the
+# literature on bfloat16 samplers uses (Yao et al. 2025; in the lab every correction is within noise there).
 CORRECTION = {"dtype": "token-tis", "lag": "sequence-geo-reject"}
 CAPS = {"sequence-geo-reject": 1.03, "sequence-mis": 3.0}  # C by mode; 2 for the others
 
 
 def resolve_correction(args) -> list[str]:
-    """--correction and its cap left unset: none when the sampler is the trainer; else CORRECTION's
-    for the kind of mismatch (common/results/lab.md: the sampler is not π_θold)."""
+    """--old-logprobs, --correction and its cap left unset, by the kind of mismatch (see CORRECTION):
+    nothing when the sampler is the trainer."""
     lines, differs = [], sampler_differs(args.sampler_dtype, args.sampler_lag)
+    kind = "lag" if args.sampler_lag > 0 else "dtype"
+    why = f"weights {args.sampler_lag} updates old" if kind == "lag" else f"a {args.sampler_dtype} copy"
+    if args.old_logprobs is None:  # a typed --correction needs π_θold rescored
+        args.old_logprobs = "sampler" if kind == "lag" and args.correction is None else "trainer"
+        if kind == "lag":
+            lines.append(f"--old-logprobs {args.old_logprobs}  (the sampler is not the trainer: {why})")
     if args.correction is None:
-        kind = "lag" if args.sampler_lag > 0 else "dtype"
         args.correction = CORRECTION[kind] if differs and args.old_logprobs == "trainer" else "none"
         if differs:
-            why = f"weights {args.sampler_lag} updates old" if kind == "lag" else f"a {args.sampler_dtype} copy"
             lines.append(f"--correction {args.correction}  (the sampler is not the trainer: {why})")
     if args.correction_cap is None:
         args.correction_cap = CAPS.get(args.correction, 2.0)

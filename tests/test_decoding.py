@@ -306,10 +306,13 @@ def test_the_reference_scores_too_and_lora_has_no_weight_gradients(qwen2):
 
     def mfu(**flags):
         figures = perf.Roofline(model, grpo.Args(**flags), cuda=False).figures(work)
-        return figures["perf/logprob_mfu"], figures["perf/update_mfu"]
+        return figures.get("perf/logprob_mfu"), figures["perf/update_mfu"]
 
     scoring, update = mfu(lora_rank=0, beta=0.0)
     assert mfu(lora_rank=0, beta=0.04) == pytest.approx((2 * scoring, update))
+    # μ's log-probs as π_old (--old-logprobs sampler): π_ref alone scores, or nothing does (no MFU to tell)
+    assert mfu(lora_rank=0, beta=0.04, old_logprobs="sampler") == pytest.approx((scoring, update))
+    assert mfu(lora_rank=0, beta=0.0, old_logprobs="sampler") == (None, pytest.approx(update))
     assert mfu(lora_rank=16, beta=0.04) == pytest.approx((2 * scoring, 2 / 3 * update))
     assert mfu(lora_rank=0, beta=0.0, update_epochs=2) == pytest.approx((scoring, 2 * update))
 

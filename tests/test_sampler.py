@@ -281,23 +281,29 @@ def test_bad_sampler_flags_give_one_line(fields, message):
 
 def test_the_correction_follows_the_kind_of_mismatch():
     """A copy of the current weights in another dtype: token-tis at C = 2 (the literature's fix for a bfloat16
-    sampler); weights k updates old: the geometric-mean rejection at 1.03 (the lab's, common/results/lab.md); a
-    float32 "copy" at lag 0 is the trainer itself: nothing to correct; π_old taken from the sampler: nothing either."""
+    sampler); weights k updates old: μ itself as π_old, nothing to correct (the lab's best at lags 1 and 4,
+    common/results/lab.md), or with π_θold rescored (typed), the geometric-mean rejection at 1.03; a typed
+    correction rescores π_θold; a float32 "copy" at lag 0 is the trainer itself: nothing to correct."""
     from common import policy
 
-    for fields, expected, cap in ((dict(), "none", 2.0), (dict(sampler_lag=1), "sequence-geo-reject", 1.03),
-                                  (dict(sampler_dtype="bfloat16"), "token-tis", 2.0),
-                                  (dict(sampler_dtype="float16", sampler_lag=2), "sequence-geo-reject", 1.03),
-                                  (dict(sampler_dtype="float32"), "none", 2.0),
-                                  (dict(sampler_lag=1, old_logprobs="sampler"), "none", 2.0),
-                                  (dict(correction="sequence-mis"), "sequence-mis", 3.0),
-                                  (dict(correction="token-reject", correction_cap=1.5), "token-reject", 1.5)):
+    for fields, expected, cap, old in (
+            (dict(), "none", 2.0, "trainer"), (dict(sampler_lag=1), "none", 2.0, "sampler"),
+            (dict(sampler_lag=1, old_logprobs="trainer"), "sequence-geo-reject", 1.03, "trainer"),
+            (dict(sampler_lag=4, correction="token-tis"), "token-tis", 2.0, "trainer"),
+            (dict(sampler_dtype="bfloat16"), "token-tis", 2.0, "trainer"),
+            (dict(sampler_dtype="float16", sampler_lag=2), "none", 2.0, "sampler"),
+            (dict(sampler_dtype="float32"), "none", 2.0, "trainer"),
+            (dict(sampler_lag=1, old_logprobs="sampler"), "none", 2.0, "sampler"),
+            (dict(correction="sequence-mis"), "sequence-mis", 3.0, "trainer"),
+            (dict(correction="token-reject", correction_cap=1.5), "token-reject", 1.5, "trainer")):
         args = grpo.Args(**fields)
         lines = policy.resolve_defaults(args, beta=grpo.BETA)
-        assert (args.correction, args.correction_cap) == (expected, cap), fields
+        assert (args.correction, args.correction_cap, args.old_logprobs) == (expected, cap, old), fields
         said = [line for line in lines if line.startswith("--correction")]
         assert len(said) == (sampling.sampler_differs(args.sampler_dtype, args.sampler_lag)
                              and "correction" not in fields), fields
+        said = [line for line in lines if line.startswith("--old-logprobs")]
+        assert len(said) == (args.sampler_lag > 0 and "old_logprobs" not in fields), fields
     assert not sampling.sampler_differs("float32", 0) and sampling.sampler_differs("float32", 1)
     assert sampling.sampler_differs("bfloat16", 0) and not sampling.sampler_differs(None, 0)
 
@@ -315,10 +321,11 @@ def test_gspo_logs_the_loss_its_gradient_sees_when_a_correction_drops_a_response
 
 
 def test_the_console_says_how_far_the_sampler_is_and_what_the_correction_left_out(in_process):
-    """A lagging sampler: each iteration's line names the gap, the largest ratio and the shares of tokens and of
-    responses the correction (sequence-geo-reject, the lag's) left out of the loss."""
+    """A lagging sampler with π_θold rescored: each iteration's line names the gap, the largest ratio and the shares
+    of tokens and of responses the correction (sequence-geo-reject, the lag's then) left out of the loss."""
     import re
 
-    _, out = in_process("grpo", FLAGS[:-2] + ["--sampler-lag", "1", "--num-iterations", "3"])
+    _, out = in_process("grpo", FLAGS[:-2] + ["--sampler-lag", "1", "--old-logprobs", "trainer", "--num-iterations",
+                                              "3"])
     lines = [line for line in out.splitlines() if line.startswith("iteration    3/3")]
     assert re.search(r"  sampler-gap [\d.e-]+  ρ-max [\d.e+]+  masked \d\.\d\d \(responses \d\.\d\d\)  ", lines[0])
