@@ -333,8 +333,8 @@ def load(args: ModelArgs, device):
     """The policy to train, as the flags say: load_policy, then LoRA adapters and gradient
     checkpointing; on a GPU the frozen weights (LoRA's base) stored in bfloat16."""
     if is_embedded(args.model) and device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # one thread, as every results page measured them: their products are too small to
-        # share, and on a busy machine a thread per core ran the quick start 2.8 times slower
+        # one thread, as every results page measured them: on a busy machine a thread per core
+        # ran the quick start 2.8 times slower (on quiet cores, 1.2 times faster: README)
         torch.set_num_threads(1)
     tokenizer, model = load_policy(args.model, device, args.float32_logits)
     if args.gradient_checkpointing:
