@@ -411,3 +411,6 @@ if __name__ == "__main__":
         print(f"saved {path}")
     envs.close()
     writer.close()
+    mean_return = f"{np.mean(recent_returns):.1f}" if recent_returns else "n/a"
+    print(f"end: {global_step:,} env steps in {time.time() - start_time:.0f} s, return {mean_return} (the last "
+          f"episodes'); curves: tensorboard --logdir runs (this run: runs/{run_name})")

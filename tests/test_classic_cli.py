@@ -166,6 +166,8 @@ def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path):
         assert "step     1024 | return" in out, out  # the console line of the last iteration
         (run_dir,) = (cwd / "runs").iterdir()
         assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # run_name = {env}__{algo}__{seed}__{time}
+        last = out.strip().splitlines()[-1]  # the closing line names the run's folder
+        assert last.startswith("end: 1,024 env steps in ") and last.endswith(f"(this run: runs/{run_dir.name})")
         scalars = read_scalars(str(run_dir))
         expected = {"charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
                     "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl"}
