@@ -117,7 +117,7 @@ TESTS = {
     # what each process holds and the pass sizes: their tests by hand, the holds line, the scale tool, the refusals
     "common/memory.py": ["tests/test_common.py", "tests/test_scale.py", "tests/test_gpu_check.py",
                          "tests/test_group_runs.py", "-k",
-                         "state or refused or pass_size or response_costs or fit_table or plan or refusals "
+                         "state or refused or pass_size or response_costs or fit_table or refusals "
                          "or what_each_process_holds"],
     # the decoding steps and the perf line: their own tests, and the samplings that go through them (greedy against
     # Hugging Face's generate, the draw's frequencies at a temperature)

@@ -167,20 +167,28 @@ def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch)
     tests/test_decoding.py)."""
     P = 1000
     model = type("Model", (), {"parameters": lambda self: iter([Weight(P)])})()
-    monkeypatch.setattr(memory, "cast_weights", lambda model: [torch.zeros(P)])
+    monkeypatch.setattr(memory, "cast_weights", lambda m: [torch.zeros(P)] if m is model else [])
     args = types.SimpleNamespace(sampler_dtype="bfloat16", sampler_lag=3, compile_decoding=True)
     assert memory.state_parts(model, None, args, processes=2, cuda=True) == {
         "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
         "DDP's gradient buckets": 4 * P, "the sampler's bfloat16 copy": 2 * P,
         "the 3 newer versions of its lag": 3 * 2 * P}
     args.sampler_dtype = None
-    assert memory.state_parts(model, model, args, processes=1, cuda=True) == {
+    assert memory.state_parts(model, None, args, processes=1, cuda=True) == {
         "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
         "the sampler's float32 copy": 4 * P, "the 3 newer versions of its lag": 3 * 4 * P,
         "the compiled steps' bfloat16 weights": 2 * P}
     args.sampler_lag = 0  # float32 at lag 0 is the policy itself; a reference model that is another model counts
-    assert memory.state_parts(model, type(model)(), args, processes=1, cuda=False) == {
-        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P, "the reference model": 4 * P}
+    reference = type("Model", (), {"parameters": lambda self: iter([Weight(P, False, element_size=2)])})()
+    assert memory.state_parts(model, reference, args, processes=1, cuda=False) == {
+        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P, "the reference model": 2 * P}
+    # --fsdp on 4 processes: a quarter of the 16 bytes, and in float32 what is gathered at once (gathered_weights:
+    # by hand in tests/test_scale.py)
+    monkeypatch.setattr(memory, "is_sharded", lambda m: m is model)
+    monkeypatch.setattr(memory, "gathered_weights", lambda m: 300 if m is model else 0)
+    assert memory.state_parts(model, reference, args, processes=4, cuda=False) == {
+        "the policy's weights": P, "their gradients": P, "Adam's moments": 2 * P,
+        "the weights FSDP gathers at once": 4 * 300, "the reference model": 2 * P}
 
 
 def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():

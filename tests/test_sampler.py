@@ -68,6 +68,14 @@ def test_the_sampler_holds_k_versions_in_its_dtype_as_its_bytes_count(dtype, lag
     assert held(t for version in sampler.history for t in version.values()) == lag * weights * size
     assert sampling.Sampler.bytes(policy, dtype, lag) == (weights * size, lag * weights * size)
     assert sampling.Sampler.bytes(policy, "float32", 0) == (0, 0)
+    state = sampler.state_dict()  # loaded back after two more updates: those versions are gone
+    for n in range(2):
+        set_weights(policy, 10.0 + n)
+        sampler.refresh()
+    sampler.load_state_dict(state)
+    assert len(sampler.history) == lag and all(
+        torch.equal(a, b) for now, then in zip(sampler.history, state.get("history", [])) for a, b in
+        zip(now.values(), then.values()))
 
 
 def test_a_sampler_copy_in_another_dtype_follows_every_update():

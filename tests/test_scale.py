@@ -68,7 +68,7 @@ def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a
 
     # 8 blocks of 100 weights and 200 outside them (embeddings, final norm): P = 1000
     model = torch.nn.Sequential(torch.nn.ModuleList(torch.nn.Linear(10, 10, bias=False) for _ in range(8)),
-                                torch.nn.Linear(20, 10, bias=False))
+                                torch.nn.ModuleList([torch.nn.Linear(20, 10, bias=False)]))  # not the blocks
     P, L = 1000, 10
     assert sum(p.numel() for p in model.parameters()) == P and memory.gathered_weights(model) == 200 + 2 * 100
     assert S.fit_state_bytes("DDP", model, L, 1) == 16 * P and S.fit_state_bytes("DDP", model, L, 4) == 20 * P
