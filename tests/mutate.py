@@ -415,6 +415,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        '(unequal signal per process; whole-batch statistics), whose torchrun launch the mutation run leaves out'
        for line, mutation in (('if torch.distributed.is_initialized():', 'delete the if'),
                               ('torch.distributed.all_reduce(total, op=op)', 'delete the statement'))},
+    ('common/sampling.py', 'kept = mask * (product <= bound)', '<= → <'):
+        'equivalent in practice: a response whose log Π ρ equals log C to the last float32 bit (kept at C, as TRL '
+        'keeps it, or masked) has measure zero',
     ('common/memory.py', 'sizes = [n for n in range(1, minibatch + 1)', '1 → 2'):
         'equivalent: either bound of the range moved by one changes nothing: a size of 1 is the default when no '
         'size fits, and minibatch + 1 never divides the minibatch',
