@@ -55,6 +55,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Optional
 
+import common  # noqa: F401  before torch, for a Ctrl-C while it loads (common/__init__.py)
 import numpy as np
 import torch
 import torch.nn.functional as F

@@ -143,6 +143,31 @@ def test_a_stop_while_the_model_loads_is_one_line(number, status, in_process, mo
     assert in_process.exit_code == status
     assert f"{signal.Signals(number).name}: stopped before training began; nothing was trained or saved" in out
 
+
+# The signal arrives while numpy, the first heavy import, loads: before any of the program's own handlers.
+SIGINT_AT_NUMPY = """import os, signal, sys
+class SignalAtNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, SignalAtNumpy())
+"""
+
+
+@pytest.mark.parametrize("method", GROUP)
+def test_a_ctrl_c_while_torch_loads_is_one_line_and_status_130(method, tmp_path):
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(SIGINT_AT_NUMPY)
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    done = subprocess.run([sys.executable, os.path.join(ROOT, f"{method}.py")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGINT  # what the shell shows as 130
+    assert done.stderr.strip() == "SIGINT: stopped before training began; nothing was trained or saved"
+    assert done.stdout == ""
+
+
 def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(checkpoints.sys, "argv", ["grpo.py"])
