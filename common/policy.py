@@ -21,8 +21,8 @@ from torch import Tensor
 
 from common.decoding import resolve_compiling
 from common.processes import is_sharded, world_size
-from common.sampling import Correction, resolve_correction, sampler_differs
-from common.tasks import TASKS, get_task
+from common.sampling import CPU_RECIPE, Correction, resolve_correction, sampler_differs
+from common.tasks import get_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -138,8 +138,6 @@ SCALE_DEFAULTS = {
     "eval_size": (200, 100, 64, "held-out prompts, sampled and greedy: 200 generations"),
 }
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
-CPU_FEW_SHOT = 3  # the CPU recipe's solved examples, for the tasks of this repository
-CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
 
 
 def on_gpu(args) -> bool:
@@ -168,10 +166,6 @@ def resolve_defaults(args, beta: float) -> list[str]:
         args.beta = 0.0 if where == CPU_RECIPE else beta
         why = CPU_RECIPE if where == CPU_RECIPE else "the method's"
         lines.append(f"--beta {args.beta}  ({why})")
-    # the embedded models read bare questions; the CPU recipe's examples are for this repository's tasks
-    if args.few_shot is None and (embedded or (not gpu and args.task in TASKS)):
-        args.few_shot = 0 if embedded else CPU_FEW_SHOT
-        lines.append(f"--few-shot {args.few_shot}  ({where})")
     return lines + resolve_compiling(args, gpu) + resolve_correction(args)
 
 

@@ -25,9 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.processes import global_fraction, global_max, in_lockstep
-from common.tasks import EVAL_SEED
+from common.tasks import EVAL_SEED, TASKS
 
 # ---------------------------------------------------------------- what the model reads, and where its answer ends
+
+CPU_RECIPE = "CPU recipe, measured to learn: common/results/smollm2.md"
+CPU_FEW_SHOT = 3  # the CPU recipe's solved examples, for the tasks of this repository
 
 
 class PromptFormat:
@@ -42,10 +45,7 @@ class PromptFormat:
                  model=None):
         self.tokenizer, self.task, self.system_prompt = tokenizer, task, system_prompt
         self.chat = tokenizer.chat_template is not None
-        self.typed_few_shot = few_shot
-        # --few-shot left unset: a base model needs the task's examples to answer in its format;
-        # a chat model's user turn states the format
-        self.few_shot = few_shot if few_shot is not None else 0 if self.chat else task.default_few_shot
+        self.few_shot, self.why = (few_shot, None) if few_shot is not None else self._default_few_shot(model)
         self.examples = task.examples(self.few_shot, random.Random(EVAL_SEED)) if self.few_shot else []
         self.stop = None if self.chat or not self.examples else self._stop_string()
         self.pad_id = tokenizer.pad_token_id
@@ -55,18 +55,24 @@ class PromptFormat:
         self.eos_ids = sorted({tokenizer.eos_token_id, *config_eos})
         self.positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
 
+    def _default_few_shot(self, model) -> tuple[int, str]:
+        """--few-shot left unset (decided here alone, once the model's kind is known), and why."""
+        if getattr(getattr(model, "config", None), "embedded_toy_model", False):
+            return 0, "the embedded models"  # trained on bare questions
+        if model is not None and model.device.type == "cpu" and TASKS.get(self.task.name) is self.task:
+            return CPU_FEW_SHOT, CPU_RECIPE  # the examples the CPU recipe learned with
+        if self.chat:
+            return 0, "a chat model: its user turn states the format"
+        return self.task.default_few_shot, "a base model: the task's solved examples show the format"
+
     def _stop_string(self) -> str:
         """Where a few-shot base model's answer ends: the first newline, or the blank line between
         examples whose answers span lines. Without it, it would write a question of its own."""
         return "\n\n" if any("\n" in answer for _, answer in self.examples) else "\n"
 
     def default_line(self) -> list[str]:
-        """The console's line for --few-shot left unset, once the model's kind is known."""
-        if self.typed_few_shot is not None:
-            return []
-        kind = "a chat model: its user turn states the format" if self.chat else (
-            "a base model: the task's solved examples show the format")
-        return [f"--few-shot {self.few_shot}  ({kind})"]
+        """The console's line for --few-shot left unset."""
+        return [] if self.why is None else [f"--few-shot {self.few_shot}  ({self.why})"]
 
     def texts(self, questions: list[str]) -> list[str]:
         """The prompts as the model reads them (the examples come from the training split)."""

@@ -4,6 +4,7 @@ the prompt format's default, the statistics every group file logs, and the draw 
 the same in every group file)."""
 import os
 import re
+import shutil
 import sys
 import types
 
@@ -29,8 +30,7 @@ def test_embedded_models_keep_the_values_they_were_tuned_with(monkeypatch):
         for model in ("common/models/tiny_model", "common/models/long_model"):
             args, lines = resolved(grpo, model=model)
             assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
-                    args.eval_every, args.eval_size, args.few_shot) == ("addition", 32, 150, 3e-4, 8, 10, 200, 0)
-            assert "--few-shot 0  (the embedded models)" in lines
+                    args.eval_every, args.eval_size) == ("addition", 32, 150, 3e-4, 8, 10, 200)
     assert policy.is_embedded(policy.resolve_model_path("common/models/tiny_model"))  # also as the absolute path
 
 
@@ -55,14 +55,10 @@ def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args, lines = resolved(grpo, model="gpt2")
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
-            args.eval_every, args.eval_size, args.few_shot, args.beta) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 3, 0.0)
-    assert len(lines) == 9 and all(line.endswith(f"({policy.CPU_RECIPE})") for line in lines)
+            args.eval_every, args.eval_size, args.beta) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 0.0)
+    assert len(lines) == 8 and all(line.endswith(f"({policy.CPU_RECIPE})") for line in lines)
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 2e-4  # measured with LoRA r16
-    assert resolved(grpo, model="gpt2", few_shot=0)[0].few_shot == 0  # typed: wins
-    # the recipe's examples were measured on this repository's tasks: a file of the user's keeps the rule of its
-    # model's kind (a chat model: none; a base model: the task's own count), decided once the model is loaded
-    mine, lines = resolved(grpo, model="gpt2", task=os.path.join(ROOT, "common", "data", "example.jsonl"))
-    assert mine.few_shot is None and not any(line.startswith("--few-shot") for line in lines)
+    assert args.few_shot is None  # decided once the model is loaded: sampling.PromptFormat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolved(grpo, model="gpt2", cuda=False)[0].max_new_tokens == 16  # --no-cuda: the CPU's
     assert resolved(grpo, model="gpt2")[0].max_new_tokens == 256
@@ -191,7 +187,9 @@ def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch)
         "the weights FSDP gathers at once": 4 * 300, "the reference model": 2 * P}
 
 
-def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_model_it_is():
+def test_the_few_shot_default_is_decided_in_one_place_once_the_model_is_loaded(tmp_path):
+    from types import SimpleNamespace as Model
+
     from common.tasks import get_task
 
     class Tokenizer:
@@ -199,13 +197,25 @@ def test_the_few_shot_default_is_stated_once_the_tokenizer_says_what_kind_of_mod
 
         eos_token_id, pad_token_id = 0, 0
 
-    task = get_task("addition2")
-    assert sampling.PromptFormat(Tokenizer(), task).default_line() == [
-        f"--few-shot {task.default_few_shot}  (a base model: the task's solved examples show the format)"]
+    def line(task, device="cuda", typed=None, embedded=False):
+        config = Model(embedded_toy_model=True) if embedded else Model()
+        model = Model(config=config, device=torch.device(device), generation_config=Model(eos_token_id=None))
+        return sampling.PromptFormat(Tokenizer(), task, typed, model=model).default_line()
+
+    shutil.copy(os.path.join(ROOT, "common", "data", "example.jsonl"), tmp_path / "addition2.jsonl")
+    task, mine = get_task("addition2"), get_task(str(tmp_path / "addition2.jsonl"))  # a file of a task's name
+    base = "a base model: the task's solved examples show the format"
+    assert line(task) == [f"--few-shot {task.default_few_shot}  ({base})"]
+    assert line(task, "cpu", embedded=True) == ["--few-shot 0  (the embedded models)"]  # trained on bare questions
+    assert line(task, "cuda", embedded=True) == ["--few-shot 0  (the embedded models)"]  # wherever they run
+    # the CPU recipe's examples were measured on this repository's tasks: a file of the user's keeps its model's rule
+    assert line(task, "cpu") == [f"--few-shot 3  ({sampling.CPU_RECIPE})"]
+    assert line(mine, "cpu") == [f"--few-shot {mine.default_few_shot}  ({base})"]
     Tokenizer.chat_template = "{{ messages }}"
-    assert sampling.PromptFormat(Tokenizer(), task).default_line() == [
-        "--few-shot 0  (a chat model: its user turn states the format)"]
-    assert sampling.PromptFormat(Tokenizer(), task, 3).default_line() == []  # typed: nothing to state
+    assert line(task) == ["--few-shot 0  (a chat model: its user turn states the format)"]
+    assert line(task, "cpu") == [f"--few-shot 3  ({sampling.CPU_RECIPE})"]  # SmolLM2's recipe
+    assert line(mine, "cpu") == ["--few-shot 0  (a chat model: its user turn states the format)"]
+    assert line(task, typed=2) == line(task, "cpu", typed=2) == []  # typed: nothing to state
 
 
 def test_a_bad_task_is_named_by_the_checks_not_by_the_defaults():

@@ -57,8 +57,8 @@ def test_complete_folder_is_left_as_it_is(tmp_path, capsys, no_download):
     args = tyro.cli(grpo.Args, args=words[2:] + ["--no-cuda"])
     policy.resolve_defaults(args, beta=grpo.BETA)
     grpo.check_args(args)
-    assert (args.task, args.few_shot, args.beta, args.max_new_tokens, args.prompts_per_iteration, args.learning_rate,
-            args.num_iterations, args.eval_every, args.eval_size) == ("addition2", 3, 0.0, 16, 8, 1e-5, 24, 6, 64)
+    assert (args.task, args.beta, args.max_new_tokens, args.prompts_per_iteration, args.learning_rate,
+            args.num_iterations, args.eval_every, args.eval_size) == ("addition2", 0.0, 16, 8, 1e-5, 24, 6, 64)
 
 
 def test_chat_template_inside_tokenizer_config_counts(tmp_path):
