@@ -2,9 +2,10 @@
 
 1. `parse_args` and `folder`: the command line (with --resume, the resumed run's own flags), and
    the run's folder, runs/{task}__{file}[-{exp_name}]__{model}__{seed}__{time}, or --resume's.
-2. `IterationLog`: the run's first lines, phase timings and a status line during long phases,
-   TensorBoard tags, one console line per iteration, the held-out evaluations on their schedule, and
-   the one-line errors of a run that cannot go on (an unwritable folder, a GPU out of memory).
+2. `IterationLog`: the main loop's schedule (time each phase, log each iteration, evaluate when
+   due), with a room per job: `Board` writes TensorBoard's files (and W&B's mirror), `Clock` times
+   the phases with a status line during long ones, `Console` prints what a user reads. A run that
+   cannot go on says so in one line (an unwritable folder, a GPU out of memory).
 3. `rollout_stats` and `sampler_gap`: what one iteration's samples look like, in the tags every
    group file logs. Checkpoints and stopping: common/checkpoints.py.
 """
@@ -159,70 +160,47 @@ OUT_OF_MEMORY = ("error: the GPU ran out of memory in the {phase} phase: lower -
 
 
 class IterationLog:
-    """Timings, TensorBoard, the console and the evaluation schedule of a group file's main loop.
+    """The schedule of a group file's main loop: time each phase, log each iteration, evaluate when due.
 
-    Every process times its phases and joins the cross-process means; process 0 alone writes,
-    prints and evaluates. `evaluate()` returns the held-out rewards of k sampled responses per
-    prompt and of a greedy one; under --fsdp the other processes join its forward passes.
+    Every process times its phases and joins the cross-process means; process 0 alone writes (Board),
+    prints (Console) and evaluates. `evaluate()` returns the held-out rewards of k sampled responses
+    per prompt and of a greedy one; under --fsdp the other processes join its forward passes.
     `ref_model` is counted in the memory each process holds.
     """
 
     def __init__(self, run_dir: str, args, evaluate: Callable[[], tuple], model=None,
                  first_iteration: int = 1, ref_model=None):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.args, self.model, self.evaluate, self.folder = args, model, evaluate, run_dir
-        self.ref_model = ref_model
-        self.first_iteration = first_iteration
+        self.args, self.model, self.ref_model, self.evaluate = args, model, ref_model, evaluate
+        self.first_iteration, self.folder = first_iteration, run_dir
         self.responses = args.prompts_per_iteration * args.group_size  # over all processes
         self.num_iterations, self.eval_every = args.num_iterations, args.eval_every
         self.is_main = not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0
         self.cuda = model is not None and next(model.parameters()).device.type == "cuda"
-        self.writer = None
-        if self.is_main:
-            try:
-                os.makedirs(self.folder, exist_ok=True)
-                with open(os.path.join(self.folder, ".writable"), "w"):
-                    pass
-                os.remove(os.path.join(self.folder, ".writable"))
-            except OSError as e:
-                raise SystemExit(f"error: cannot write the run's folder {self.folder} ({e.strerror}): run from "
-                                 "a folder you can write to (runs/ is made in the current folder)")
-            if getattr(args, "track", False):  # CleanRL's --track: W&B mirrors the TensorBoard scalars (started first)
-                import wandb
-
-                # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
-                # it mirrors into it, and copies of copies would pile up in a folder it watches
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                           name=os.path.basename(self.folder), sync_tensorboard=True)
-            # a resumed run drops what the interrupted one logged after its checkpoint
-            self.writer = SummaryWriter(self.folder, purge_step=first_iteration if first_iteration > 1 else None)
-            table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
-            self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
-        self.start = self.iteration_start = time.time()
-        self.iteration, self.seconds = first_iteration - 1, {}
-        self.evaluations = []  # (iteration, held-out accuracy, greedy): the closing line's first and last
-        self.never_right = 0  # iterations in a row, from the start, with no sampled response right
+        self.board = Board(run_dir, args, first_iteration) if self.is_main else None
+        self.console = Console(run_dir, args.num_iterations)
+        self.clock = Clock(self.is_main, args.num_iterations, first_iteration - 1)
         self.roofline = None if model is None else Roofline(model, args, self.cuda)
+        self.start = time.time()
 
-    def print_start(self, defaults: list[str], first_prompt: str) -> None:
-        """The run's folder and size, each flag left to its default with the value chosen and why,
-        and what the model reads."""
-        processes = world_size()
-        trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        device = next(self.model.parameters()).device.type
-        print(f"{self.folder}: {trained:,} trained parameters on {processes} × {device}, "
-              f"{self.responses} responses per iteration")
-        # the parts the pass sizes count (common/memory.py), this process's own: a shard under --fsdp
-        parts = state_parts(self.model, self.ref_model, self.args, processes, self.cuda)
-        held = [f"{part} ({size / 2**20:,.1f} MB)" for part, size in parts.items()]
-        print(f"each process holds {', '.join(held[:-1])} and {held[-1]}: {sum(parts.values()) / 2**20:,.1f} MB "
-              "before any activation")
-        for line in defaults:
-            print(f"default {line}")
-        print(f"the model reads (first held-out prompt): {first_prompt!r}")
-        if self.args.gradient_checkpointing:  # a checkpointed layer keeps no KV cache to share
-            print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
+    def begin(self, defaults: list[str] = (), first_prompt: str = "") -> None:
+        """Before training: the run's first lines, then the starting model's evaluation (x = 0 on
+        every curve); a resumed run did so before."""
+        if self.is_main and self.model is not None:
+            parts = state_parts(self.model, self.ref_model, self.args, world_size(), self.cuda)
+            self.console.start(self.model, parts, self.responses, list(defaults), first_prompt,
+                               self.args.gradient_checkpointing)
+        if self.first_iteration == 1:
+            held_out = self.held_out(0)
+            if self.is_main:
+                print(f"iteration    0  {held_out}  (log: {self.folder})", flush=True)
+        self.start = time.time()
+
+    def begin_iteration(self, iteration: int) -> None:
+        self.clock.begin_iteration(iteration)
+
+    def phase(self, name: str):
+        """Time one phase of the iteration (generate, logprob, update, evaluate): Clock.phase."""
+        return self.clock.phase(name)
 
     def held_out(self, iteration: int) -> str:
         """Evaluate: accuracy sampled and greedy; with k samples per prompt, pass@1 and pass@k.
@@ -232,42 +210,109 @@ class IterationLog:
                 return ""
             sampled, greedy = self.evaluate()  # rewards, [prompts, k] and [prompts, 1]
         figures = {"accuracy": sampled.mean().item(), "greedy_accuracy": greedy.mean().item()}
-        self.evaluations.append((iteration, figures["accuracy"], figures["greedy_accuracy"]))
         n = sampled.shape[1]
         if n > 1:
             right = (sampled == 1).sum(dim=1).tolist()
             figures["pass@1"] = sum(pass_at_k(n, c, 1) for c in right) / len(right)
             figures["pass@k"] = sum(pass_at_k(n, c, n) for c in right) / len(right)  # k = --eval-samples
-        for key, value in figures.items():
-            self.writer.add_scalar(f"charts/{key}", value, iteration)
-        passes = "".join(f", {key.replace('@k', f'@{n}')} {value:.3f}"
-                         for key, value in figures.items() if "@" in key)
-        return f"held-out {figures['accuracy']:.3f} (greedy {figures['greedy_accuracy']:.3f}{passes})"
+        self.board.write({f"charts/{key}": value for key, value in figures.items()}, iteration)
+        return self.console.held_out(iteration, figures, n)
 
-    def begin(self, defaults: list[str] = (), first_prompt: str = "") -> None:
-        """Before training: the run's first lines, then the starting model's evaluation (x = 0 on
-        every curve); a resumed run did so before."""
-        if self.is_main and self.model is not None:
-            self.print_start(list(defaults), first_prompt)
-        if self.first_iteration == 1:
-            held_out = self.held_out(0)
-            if self.is_main:
-                print(f"iteration    0  {held_out}  (log: {self.folder})", flush=True)
-        self.start = time.time()
+    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]],
+                      learning_rate: float) -> None:
+        """Log at x = iterations done: means over all processes, written by process 0; then evaluate
+        when due."""
+        elapsed = time.time() - self.clock.iteration_start
+        logged = {
+            **scalars,
+            **{f"losses/{name}": sum(values) / len(values) for name, values in losses.items() if values},
+            **{f"perf/{name}_seconds": seconds for name, seconds in self.clock.seconds.items()},
+            "perf/iteration_seconds": elapsed,
+            "charts/tokens_per_second": scalars["charts/response_length"] * self.responses / elapsed,
+            "charts/samples_per_second": self.responses / elapsed,
+        }
+        if self.cuda:
+            logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        roofline = self.roofline is not None and "perf/decoding_rows" in logged
+        if roofline:
+            logged.update(self.roofline.figures(logged))
+        logged = {tag: global_mean(value) for tag, value in logged.items()}
+        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
+        held_out = f"  {self.held_out(iteration)}" if due else ""
+        if not self.is_main:
+            return
+        self.board.write({"charts/learning_rate": learning_rate, **logged}, iteration)
+        done = iteration - self.first_iteration + 1
+        eta = (time.time() - self.start) / done * (self.num_iterations - iteration)
+        self.console.iteration(iteration, logged, losses, self.args, elapsed, eta, held_out)
+        if roofline and (due or iteration == self.first_iteration):
+            print(self.roofline.line(logged), flush=True)
+        self.console.warn_if_never_right(logged)
+
+    def close(self) -> None:
+        """The run's closing line; the logs closed."""
+        if self.is_main:
+            self.board.close()
+            self.console.end(self.clock.iteration, time.time() - self.start)
+
+
+class Board:
+    """Where the figures go: TensorBoard's event files in the run's folder and, with --track (CleanRL's),
+    a Weights & Biases run that mirrors them. Process 0's alone; an unwritable folder is one line."""
+
+    def __init__(self, folder: str, args, first_iteration: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, ".writable"), "w"):
+                pass
+            os.remove(os.path.join(folder, ".writable"))
+        except OSError as e:
+            raise SystemExit(f"error: cannot write the run's folder {folder} ({e.strerror}): run from "
+                             "a folder you can write to (runs/ is made in the current folder)")
+        self.track = getattr(args, "track", False)
+        if self.track:  # started before the writer, whose event files it mirrors
+            import wandb
+
+            # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
+            # it mirrors into it, and copies of copies would pile up in a folder it watches
+            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
+                       name=os.path.basename(folder), sync_tensorboard=True)
+        # a resumed run drops what the interrupted one logged after its checkpoint
+        self.writer = SummaryWriter(folder, purge_step=first_iteration if first_iteration > 1 else None)
+        table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())
+        self.writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + table)
+
+    def write(self, figures: dict, iteration: int) -> None:
+        for tag, value in figures.items():
+            self.writer.add_scalar(tag, value, iteration)
+
+    def close(self) -> None:
+        self.writer.close()
+        if self.track:
+            import wandb
+
+            wandb.finish()
+
+
+class Clock:
+    """Each phase's seconds (perf/{phase}_seconds), a status line while a long phase runs, so that a
+    slow run does not look like a hung one, and one line when the GPU runs out of memory in a phase:
+    the phase and the flags that cut memory."""
+
+    def __init__(self, show: bool, num_iterations: int, iteration: int):
+        self.show, self.num_iterations = show, num_iterations  # show: process 0 prints the status
+        self.iteration, self.iteration_start, self.seconds = iteration, time.time(), {}
 
     def begin_iteration(self, iteration: int) -> None:
         self.iteration, self.iteration_start, self.seconds = iteration, time.time(), {}
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        """Time one phase of the iteration (generate, logprob, update, evaluate): perf/{name}_seconds.
-
-        A long phase shows a status line, so that a slow run does not look like a hung one; a GPU
-        out of memory in it ends the run with one line: the phase, the flags that cut memory.
-        """
         start, done = time.time(), threading.Event()
         status = None
-        if self.is_main:
+        if self.show:
             status = threading.Thread(target=self._status, args=(name, start, done), daemon=True)
             status.start()
         try:
@@ -290,39 +335,48 @@ class IterationLog:
         if shown and terminal:
             print("\r" + " " * 60 + "\r", end="", flush=True)
 
-    def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]],
-                      learning_rate: float) -> None:
-        """Log at x = iterations done: means over all processes, written by process 0; then evaluate
-        when due."""
-        elapsed = time.time() - self.iteration_start
-        logged = {
-            **scalars,
-            **{f"losses/{name}": sum(values) / len(values) for name, values in losses.items() if values},
-            **{f"perf/{name}_seconds": seconds for name, seconds in self.seconds.items()},
-            "perf/iteration_seconds": elapsed,
-            "charts/tokens_per_second": scalars["charts/response_length"] * self.responses / elapsed,
-            "charts/samples_per_second": self.responses / elapsed,
-        }
-        if self.cuda:
-            logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        if self.roofline is not None and "perf/decoding_rows" in logged:
-            logged.update(self.roofline.figures(logged))
-        logged = {tag: global_mean(value) for tag, value in logged.items()}
-        due = iteration % self.eval_every == 0 or iteration == self.num_iterations
-        held_out = f"  {self.held_out(iteration)}" if due else ""
-        if not self.is_main:
-            return
-        self.writer.add_scalar("charts/learning_rate", learning_rate, iteration)
-        for tag, value in logged.items():
-            self.writer.add_scalar(tag, value, iteration)
-        done = iteration - self.first_iteration + 1
-        eta = (time.time() - self.start) / done * (self.num_iterations - iteration)
+
+class Console:
+    """What a user reads (process 0 prints it): the run's first lines, a line per iteration with the
+    held-out figures when due, a warning when nothing is ever right, and a closing line."""
+
+    def __init__(self, folder: str, num_iterations: int):
+        self.folder, self.num_iterations = folder, num_iterations
+        self.evaluations = []  # (iteration, held-out accuracy, greedy): the closing line's first and last
+        self.never_right = 0  # iterations in a row, from the start, with no sampled response right
+
+    def start(self, model, parts: dict, responses: int, defaults: list[str], first_prompt: str,
+              checkpointing: bool) -> None:
+        """The run's folder and size, what each process holds (common/memory.py: the parts the pass
+        sizes count, a shard under --fsdp), each flag left to its default with the value chosen and
+        why, and what the model reads."""
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        device = next(model.parameters()).device.type
+        print(f"{self.folder}: {trained:,} trained parameters on {world_size()} × {device}, "
+              f"{responses} responses per iteration")
+        held = [f"{part} ({size / 2**20:,.1f} MB)" for part, size in parts.items()]
+        print(f"each process holds {', '.join(held[:-1])} and {held[-1]}: {sum(parts.values()) / 2**20:,.1f} MB "
+              "before any activation")
+        for line in defaults:
+            print(f"default {line}")
+        print(f"the model reads (first held-out prompt): {first_prompt!r}")
+        if checkpointing:  # a checkpointed layer keeps no KV cache to share
+            print("--gradient-checkpointing: each response is scored with its own copy of its prompt")
+
+    def held_out(self, iteration: int, figures: dict, n: int) -> str:
+        self.evaluations.append((iteration, figures["accuracy"], figures["greedy_accuracy"]))
+        passes = "".join(f", {key.replace('@k', f'@{n}')} {value:.3f}"
+                         for key, value in figures.items() if "@" in key)
+        return f"held-out {figures['accuracy']:.3f} (greedy {figures['greedy_accuracy']:.3f}{passes})"
+
+    def iteration(self, iteration: int, logged: dict, losses: dict, args, elapsed: float, eta: float,
+                  held_out: str) -> None:
         # the update's own statistics (clip, gate, KL): all but its loss and gradient norm
         update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
-        sampler = sampler_differs(getattr(self.args, "sampler_dtype", None), getattr(self.args, "sampler_lag", 0))
+        sampler = sampler_differs(getattr(args, "sampler_dtype", None), getattr(args, "sampler_lag", 0))
         # how far the sampler is from π_θold (none to tell when μ is π_old: --old-logprobs sampler)
-        rescored = getattr(self.args, "old_logprobs", None) != "sampler"
+        rescored = getattr(args, "old_logprobs", None) != "sampler"
         if sampler and rescored and "charts/sampler_gap_mean" in logged:
             update += f"sampler-gap {logged['charts/sampler_gap_mean']:.2g}  "
         if "charts/is_ratio_max" in logged:  # the correction: its largest ratio, the shares left out
@@ -336,9 +390,6 @@ class IterationLog:
             f"no-signal {logged['charts/zero_signal_fraction']:.2f}  {update}{elapsed:.3g} s/it  "
             f"{logged['charts/tokens_per_second']:,.0f} tok/s  ETA {eta:.0f}s{held_out}", flush=True
         )
-        if (due or iteration == self.first_iteration) and self.roofline is not None and "perf/decoding_rows" in logged:
-            print(self.roofline.line(logged), flush=True)
-        self.warn_if_never_right(logged)
 
     def warn_if_never_right(self, logged: dict) -> None:
         """Once, when no sampled response was right in the first 3 iterations: every group is then
@@ -352,24 +403,17 @@ class IterationLog:
                   f"model needs --few-shot), --max-new-tokens cuts the answers (truncated {cut:.2f}), or the "
                   "task is too hard for the model", flush=True)
 
-    def close(self) -> None:
-        """The run's closing line: its iterations, held-out accuracy from its first evaluation to
-        its last, and where it is logged."""
-        if self.is_main:
-            self.writer.close()
-            held_out = ""
-            if len(self.evaluations) > 1:
-                (first, start, greedy_start), (last, end, greedy_end) = self.evaluations[0], self.evaluations[-1]
-                held_out = (f"; held-out {start:.3f} (iteration {first}) → {end:.3f} (iteration {last}), "
-                            f"greedy {greedy_start:.3f} → {greedy_end:.3f}")
-            seconds = time.time() - self.start
-            took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-            print(f"end: iteration {self.iteration}/{self.num_iterations} after {took} of training{held_out}; "
-                  f"curves: tensorboard --logdir {os.path.dirname(self.folder) or '.'}", flush=True)
-            if getattr(self.args, "track", False):
-                import wandb
-
-                wandb.finish()
+    def end(self, iteration: int, seconds: float) -> None:
+        """The closing line: the iterations, the held-out accuracy from the first evaluation to the
+        last, and where the run is logged."""
+        held_out = ""
+        if len(self.evaluations) > 1:
+            (first, start, greedy_start), (last, end, greedy_end) = self.evaluations[0], self.evaluations[-1]
+            held_out = (f"; held-out {start:.3f} (iteration {first}) → {end:.3f} (iteration {last}), "
+                        f"greedy {greedy_start:.3f} → {greedy_end:.3f}")
+        took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        print(f"end: iteration {iteration}/{self.num_iterations} after {took} of training{held_out}; "
+              f"curves: tensorboard --logdir {os.path.dirname(self.folder) or '.'}", flush=True)
 
 
 # ---------------------------------------------------- what an iteration's samples look like
