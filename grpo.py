@@ -26,8 +26,8 @@ are the same in all five (tests/test_group_crossfile.py). The rest is in common/
 policy.py (the model, its flags), sampling.py (prompts, the sampler), decoding.py,
 processes.py (torchrun), runs.py, checkpoints.py.
 
-    python grpo.py                                      # the embedded tiny model, offline
-    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct   # a real model: defaults per machine
+    python grpo.py                                     # the embedded tiny model, offline
+    python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct  # a real model: defaults per machine
     torchrun --nproc_per_node 4 grpo.py --model Qwen/Qwen2.5-0.5B-Instruct  # common/GUIDE.md
 """
 

@@ -1,10 +1,10 @@
 """GSPO: Group Sequence Policy Optimization (Zheng et al. 2025, arXiv 2507.18071).
 
-PPO without a critic, for language models. For each prompt x the frozen behaviour policy π_θold
-samples a group of G responses, a verifiable reward R scores each one, and the group is its own
-baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate that
-keeps the ratios π_θ/π_θold near 1; a KL penalty of weight β can also keep it near the starting
-model π_ref:
+PPO without a critic, for language models. For each prompt x the frozen policy π_θold
+samples a group of G responses, a verifiable reward R scores each, and the group is its
+own baseline: every token of response i shares the advantage Â_i. The policy maximises a
+surrogate that keeps the ratios π_θ/π_θold near 1; a KL penalty of weight β can also keep
+it near the starting model π_ref:
 
     Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + δ)                    eq. (90)-(91)
     r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)               eq. (95)
@@ -25,16 +25,16 @@ response: every token of response i shares the weight s_i Â_i (eq. 111). Averag
 makes s_i move far less than a token ratio, hence the paper's tiny clip range, ε_low = 3e-4 and
 ε_high = 4e-4.
 
-One iteration (the main loop at the end): sample B prompts → G responses each from π_θold →
-rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch steps on the
-loss → log. Sections tagged [METHOD] are where the siblings differ; [SHARED] ones are the same in
-all five (tests/test_group_crossfile.py). The rest is in common/: policy.py (the model, its flags),
-sampling.py (prompts, the sampler), decoding.py (the decoding steps), processes.py (torchrun), runs.py,
-checkpoints.py.
+One iteration (the main loop at the end): sample B prompts → G responses each from π_θold
+→ rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch
+steps on the loss → log. [METHOD] sections are where the siblings differ; [SHARED] ones
+are the same in all five (tests/test_group_crossfile.py). The rest is in common/:
+policy.py (the model, its flags), sampling.py (prompts, the sampler), decoding.py,
+processes.py (torchrun), runs.py, checkpoints.py.
 
-    python gspo.py                                      # the embedded tiny model, offline, on a CPU
-    python gspo.py --model Qwen/Qwen2.5-0.5B-Instruct   # a real model: defaults per machine
-    torchrun --nproc_per_node 4 gspo.py --model Qwen/Qwen2.5-0.5B-Instruct   # common/GUIDE.md
+    python gspo.py                                     # the embedded tiny model, offline
+    python gspo.py --model Qwen/Qwen2.5-0.5B-Instruct  # a real model: defaults per machine
+    torchrun --nproc_per_node 4 gspo.py --model Qwen/Qwen2.5-0.5B-Instruct  # common/GUIDE.md
 """
 
 import contextlib

@@ -1,10 +1,10 @@
 """SAPO: Soft Adaptive Policy Optimization (Gao et al. 2025, arXiv 2511.20347).
 
-PPO without a critic, for language models. For each prompt x the frozen behaviour policy π_θold
-samples a group of G responses, a verifiable reward R scores each one, and the group is its own
-baseline: every token of response i shares the advantage Â_i. The policy maximises a surrogate that
-keeps the ratios π_θ/π_θold near 1; a KL penalty of weight β can also keep it near the starting
-model π_ref:
+PPO without a critic, for language models. For each prompt x the frozen policy π_θold
+samples a group of G responses, a verifiable reward R scores each, and the group is its
+own baseline: every token of response i shares the advantage Â_i. The policy maximises a
+surrogate that keeps the ratios π_θ/π_θold near 1; a KL penalty of weight β can also keep
+it near the starting model π_ref:
 
     Â_i = (R_i − mean_j R_j) / sqrt(var_j R_j + δ)                    eq. (90)-(91)
     r_{i,t} = π_θ(y_t | x, y_<t) / π_θold(y_t | x, y_<t)               eq. (95)
@@ -25,16 +25,16 @@ then smoothly smaller, never exactly 0, as r leaves 1. τ_neg > τ_pos damps
 negative-advantage tokens faster, which the paper finds more stable. τ_pos = 1.0, τ_neg = 1.05
 (the paper's values); no KL penalty by default (β = 0).
 
-One iteration (the main loop at the end): sample B prompts → G responses each from π_θold →
-rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch steps on the
-loss → log. Sections tagged [METHOD] are where the siblings differ; [SHARED] ones are the same in
-all five (tests/test_group_crossfile.py). The rest is in common/: policy.py (the model, its flags),
-sampling.py (prompts, the sampler), decoding.py (the decoding steps), processes.py (torchrun), runs.py,
-checkpoints.py.
+One iteration (the main loop at the end): sample B prompts → G responses each from π_θold
+→ rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch
+steps on the loss → log. [METHOD] sections are where the siblings differ; [SHARED] ones
+are the same in all five (tests/test_group_crossfile.py). The rest is in common/:
+policy.py (the model, its flags), sampling.py (prompts, the sampler), decoding.py,
+processes.py (torchrun), runs.py, checkpoints.py.
 
-    python sapo.py                                      # the embedded tiny model, offline, on a CPU
-    python sapo.py --model Qwen/Qwen2.5-0.5B-Instruct   # a real model: defaults per machine
-    torchrun --nproc_per_node 4 sapo.py --model Qwen/Qwen2.5-0.5B-Instruct   # common/GUIDE.md
+    python sapo.py                                     # the embedded tiny model, offline
+    python sapo.py --model Qwen/Qwen2.5-0.5B-Instruct  # a real model: defaults per machine
+    torchrun --nproc_per_node 4 sapo.py --model Qwen/Qwen2.5-0.5B-Instruct  # common/GUIDE.md
 """
 
 import contextlib
