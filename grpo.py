@@ -21,10 +21,9 @@ it changed only where their method changes, so `diff grpo.py dapo.py` is the les
 
 One iteration (the main loop at the end): sample B prompts → G responses each from π_θold
 → rewards → group advantages → log-probs under π_θold and π_ref → E epochs of minibatch
-steps on the loss → log. [METHOD] sections are where the siblings differ; [SHARED] ones
-are the same in all five (tests/test_group_crossfile.py). The rest is in common/:
-policy.py (the model, its flags), sampling.py (prompts, the sampler), decoding.py,
-processes.py (torchrun), runs.py, checkpoints.py.
+steps on the loss → log. [METHOD] sections are where the siblings differ, [SHARED] ones
+the same in all five (tests/test_group_crossfile.py); the rest is in common/ (policy.py:
+the model and its flags, sampling.py, decoding.py, processes.py, runs.py, checkpoints.py).
 
     python grpo.py                                     # the embedded tiny model, offline
     python grpo.py --model Qwen/Qwen2.5-0.5B-Instruct  # a real model: defaults per machine
@@ -58,7 +57,7 @@ class Args(policy.ModelArgs):
     group_size: int = 8
     """G: responses sampled per prompt (eq. 88); the group is the baseline, so G >= 2"""
     prompts_per_iteration: Optional[int] = None
-    """B: prompts per iteration, over all processes; None: 32 (8 for a real LLM on a CPU)"""
+    """B: prompts per iteration over all processes; None: 32 (8: a real LLM on a CPU)"""
     num_iterations: Optional[int] = None
     """sample-then-update iterations; None: 150 (24 for a real model on a CPU)"""
     max_new_tokens: Optional[int] = None
@@ -80,7 +79,7 @@ class Args(policy.ModelArgs):
     beta: Optional[float] = None
     """β: weight of the KL penalty to π_ref (0: none runs); None: 0.04 (a real LLM on a CPU: 0)"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """per-token KL estimate (Schulman 2020, kl_penalty): k1, k2, or k3 (unbiased and >= 0)"""
+    """per-token KL estimate (Schulman 2020): k1, k2, or k3 (unbiased and >= 0)"""
     clip_eps: float = 0.2
     """ε of the clipped surrogate (eq. 96)"""
 
@@ -139,11 +138,11 @@ def policy_loss(
 
 
 def check_args(args: Args, world_size: int = 1) -> None:
-    """Refuse bad input in one line, before anything heavy (shared flags: common/policy.py)."""
+    """Refuse bad input in one line, before anything heavy (shared flags: policy.py)."""
     groups = args.prompts_per_iteration // world_size  # on each process
     minibatch = groups // max(args.num_minibatches, 1) * args.group_size  # responses
     each = f" of each of the {world_size} processes" if world_size > 1 else ""
-    policy.refuse_bad_args(args, [  # (it holds, what the flag must be); then ", got <value>"
+    policy.refuse_bad_args(args, [  # (it holds, what it must be); then ", got <value>"
         (args.group_size >= 2, "--group-size must be >= 2 (the group is the baseline)"),
         (args.prompts_per_iteration >= 1, "--prompts-per-iteration must be >= 1"),
         (args.prompts_per_iteration % world_size == 0, "--prompts-per-iteration must be "
@@ -155,8 +154,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
         (args.num_minibatches >= 1 and groups % args.num_minibatches == 0,
          f"--num-minibatches must be >= 1 and divide the {groups} groups (prompts) per "
          f"iteration{each}, since a minibatch holds whole groups"),
-        (args.micro_batch_size is None or args.micro_batch_size >= 1
-         and minibatch % args.micro_batch_size == 0,
+        (args.micro_batch_size is None or args.micro_batch_size >= 1 and minibatch % args.micro_batch_size == 0,
          f"--micro-batch-size must be >= 1 and divide the minibatch of {minibatch} responses{each}"),
         (args.learning_rate is None or args.learning_rate > 0, "--learning-rate must be > 0"),
         (args.max_grad_norm > 0, "--max-grad-norm must be > 0"),
@@ -207,7 +205,7 @@ def sample_token(logits: Tensor, greedy: Tensor, u: Tensor):
     cdf = pi.cumsum(dim=-1, dtype=torch.float64)  # [N, vocab], non-decreasing
     # how many bounds are <= u: never a token of probability 0
     drawn = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(1)
-    drawn = drawn.clamp(max=logits.shape[-1] - 1)  # u rounded up to the total (once in 2^53)
+    drawn = drawn.clamp(max=logits.shape[-1] - 1)  # u rounded up to the sum: once in 2^53
     token = torch.where(greedy, logits.argmax(dim=-1), drawn)
     logprob = log_pi.gather(1, token.unsqueeze(1)).squeeze(1)
     return token, logprob, torch.special.entr(pi).sum(dim=-1)
@@ -243,9 +241,8 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
     `prompt_format` (common/sampling.py): what the model reads, where an answer ends."""
     prompt_ids, prompt_mask = prompt_format.encode(questions, device)  # [B, P], left-padded
     eos_ids = torch.tensor(prompt_format.eos_ids, device=device)
-    # Prefill reads each prompt once and copies its keys and values for its G responses; each
-    # step then reads the last token of every response (common/decoding.py; compiled with
-    # --compile-decoding, the host asking every few tokens whether all have ended).
+    # Prefill reads each prompt once, its keys and values copied for its G responses; each
+    # step reads the last token of every response (common/decoding.py: --compile-decoding).
     decoder = decoding.Decoder(model, prompt_ids, prompt_mask, repeats=num_samples,
                                new_tokens=args.max_new_tokens, draw=sample_token,
                                compiled=args.compile_decoding)
@@ -263,13 +260,13 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
         ended = ended | torch.isin(token, eos_ids)
         if prompt_format.stop is not None:
             ended = ended | prompt_format.holds_stop(torch.stack(tokens, dim=1))
-        if decoder.finished(ended):  # all have ended (asked every few tokens when compiled)
+        if decoder.finished(ended):  # all ended (asked every few tokens when compiled)
             break
     responses = torch.stack(tokens[: decoder.steps], dim=1)  # [N, T]
     mask, truncated = response_mask(responses, eos_ids)
     if prompt_format.stop is not None:  # a base model's answer ends at its stop string
         mask, stopped = prompt_format.stop_mask(responses, mask)
-        truncated = truncated & ~stopped  # an answer that ended is not cut, even at the cap
+        truncated = truncated & ~stopped  # an ended answer is not cut, even at the cap
     entropies, logprobs = (torch.stack(v[: decoder.steps], dim=1) for v in (entropies, logprobs))
     return Samples(prompt_ids, prompt_mask, responses, mask, truncated, entropies, logprobs)
 
@@ -283,7 +280,7 @@ def evaluate(model, prompt_format, task, eval_pairs, args: Args, device, forward
     model.eval()
     generator = torch.Generator(device).manual_seed(EVAL_SEED)
     k = args.eval_samples
-    greedy = torch.arange(k + 1) == k  # one prefill for k sampled responses and a greedy one
+    greedy = torch.arange(k + 1) == k  # one prefill serves k samples and a greedy one
     with forward.autocast:
         samples = sample(model, prompt_format, questions, args, device, k + 1, greedy, generator)
     texts = prompt_format.decode(samples.responses, samples.mask)
@@ -304,16 +301,16 @@ def response_logits(model, prompt_ids: Tensor, prompt_mask: Tensor, prompt_index
     cache, inputs_embeds = None, None
     input_ids = torch.cat([prompt_ids[prompt_index], responses[:, :-1]], dim=1)  # [n, P+T−1]
     attention_mask = F.pad(prompt_mask[prompt_index], (0, responses.shape[1] - 1), value=1)
-    if share_prompt and prompt_ids.shape[1] > 1:  # (a one-token prompt has nothing to cache)
-        prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)  # [b] distinct
-        heads = prompt_ids[prompts, :-1]  # each distinct prompt but its last token: [b, P − 1]
+    if share_prompt and prompt_ids.shape[1] > 1:  # a one-token prompt: nothing to cache
+        prompts, prompt_index = torch.unique(prompt_index, return_inverse=True)
+        heads = prompt_ids[prompts, :-1]  # each prompt but its last token: [b, P − 1]
         last = prompt_ids[prompts][prompt_index, -1:]
         input_ids = torch.cat([last, responses[:, :-1]], dim=1)  # [n, T]
         # the heads into a cache; the inputs' embeddings looked up with theirs
         prefill, cached, inputs_embeds = sampling.read_prompts(
             model, heads, prompt_mask[prompts, :-1], input_ids)
         cache = prefill.past_key_values
-        cache.reorder_cache(prompt_index)  # [b, ...] -> [n, ...]: each response its prompt's
+        cache.reorder_cache(prompt_index)  # [b, ...] -> [n, ...]
         # [n, cached + T]: 1 on the cached prompt tokens, 0 on padding, then the inputs
         attention_mask = F.pad(cached[prompt_index], (0, input_ids.shape[1]), value=1)
     positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # left padding shifts none
@@ -363,8 +360,7 @@ class Rollout(NamedTuple):
 
 
 @torch.no_grad()
-def score_responses(model, ref_model, samples: Samples, first_epoch: list, args: Args,
-                    forward: Forward):
+def score_responses(model, ref_model, samples: Samples, first_epoch, args: Args, forward):
     """log π_θold (the model as it sampled) and log π_ref (None when β = 0) of the sampled
     tokens, [N, T], scored in the first epoch's very passes: GPU kernels round by shape, so
     the first ratio is exactly 1. Responses no pass runs (Â = 0) keep the sampler's."""
@@ -382,12 +378,11 @@ def score_responses(model, ref_model, samples: Samples, first_epoch: list, args:
 
 # ------------------------------------------------ [METHOD] the update: minibatches of groups
 
-def update_policy(model, optimizer, rollout: Rollout, epochs: list, args: Args,
-                  forward: Forward) -> dict:
+def update_policy(model, optimizer, rollout: Rollout, epochs, args: Args, forward) -> dict:
     """Step 5: E epochs of minibatch steps on the loss; returns the update's stats. `epochs`:
     each epoch's minibatches of whole groups (common/processes.py), each one optimiser step
     in passes whose gradients add up. Under torchrun DDP averages equal shards: one step."""
-    trainable = [p for group in optimizer.param_groups for p in group["params"]]  # or shards
+    trainable = [p for g in optimizer.param_groups for p in g["params"]]  # --fsdp: shards
     model.train()  # no dropout (common/policy.py): it turns gradient checkpointing on
     stats = {"policy_loss": [], "grad_norm": []}
     sums = defaultdict(float)  # token counts over all passes, for the fractions below
@@ -453,34 +448,32 @@ if __name__ == "__main__":
     bf16 = device.type == "cuda"
     # a checkpointed layer keeps no cache; FSDP frees a block's weights after its backward
     share_prompt = not (args.gradient_checkpointing or args.fsdp)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
-    forward = Forward(autocast, share_prompt)
+    forward = Forward(torch.autocast(device.type, torch.bfloat16, enabled=bf16), share_prompt)
 
-    tokenizer, model = policy.load(args, device)  # no dropout; LoRA, checkpointing as flagged
+    tokenizer, model = policy.load(args, device)  # dropout off, the rest as flagged
     ref_model = reference_model(model, args, bf16)
-    train_model = processes.distribute(model, args.fsdp, world_size)  # DDP or FSDP2, torchrun
+    train_model = processes.distribute(model, args.fsdp, world_size)  # DDP or FSDP2
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.Adam(trained, lr=args.learning_rate, fused=True)
-    sampler = sampling.Sampler(model, args.sampler_dtype, args.sampler_lag)  # what samples
+    sampler = sampling.Sampler(model, args.sampler_dtype, args.sampler_lag)
 
     prompt_format = sampling.PromptFormat(tokenizer, task, args.few_shot, args.system_prompt,
                                           model=model)
-    eval_pairs = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")  # fixed
+    eval_pairs = task.prompts(args.eval_size, random.Random(EVAL_SEED), split="test")
     longest = prompt_format.check_lengths([q for q, _ in eval_pairs], args.max_new_tokens)
-    # responses per forward/backward pass: as typed, or what the memory holds (the same step)
+    # responses per pass: as typed, or what the memory holds (the same step)
     micro_batch_size, why = memory.responses_per_pass(args, model, ref_model, longest)
     rng = random.Random(args.seed + rank)
     prompts_per_process = args.prompts_per_iteration // world_size
-    # --save-every, --resume; Ctrl-C or SIGTERM: the iteration ends, a checkpoint is written
+    # --save-every, --resume; Ctrl-C or SIGTERM: the iteration ends, a checkpoint is saved
     checkpoints = Checkpoints(run_dir, model=model, optimizer=optimizer, rng=rng, args=args,
                               sampler=sampler)
-    first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, randomness
+    first_iteration = checkpoints.restore() if args.resume else 1  # weights, Adam, RNGs
     log = runs.IterationLog(
         run_dir, args, model=model, ref_model=ref_model, first_iteration=first_iteration,
         evaluate=lambda: evaluate(model, prompt_format, task, eval_pairs, args, device, forward),
     )
-    first_prompt = prompt_format.texts([eval_pairs[0][0]])[0]
-    log.begin(defaults + why + prompt_format.default_line(), first_prompt)
+    log.begin(defaults + why, prompt_format, eval_pairs[0][0])
 
     for iteration in range(first_iteration, args.num_iterations + 1):
         if checkpoints.stopped():  # Ctrl-C or SIGTERM while the first evaluation ran
@@ -491,7 +484,7 @@ if __name__ == "__main__":
         optimizer.param_groups[0]["lr"] = args.learning_rate * (1 - done)
 
         # 1-3. Freeze π_θold = π_θ; sample G responses to each prompt (eq. 94).
-        with log.phase("generate"), sampler.ready() as behaviour:  # π_θold, or a sampler μ
+        with log.phase("generate"), sampler.ready() as behaviour:  # π_θold, or μ
             pairs = task.prompts(prompts_per_process, rng)
             with forward.autocast:
                 samples = sample(behaviour, prompt_format, [q for q, _ in pairs], args, device, args.group_size)
@@ -526,17 +519,16 @@ if __name__ == "__main__":
             stats = update_policy(train_model, optimizer, rollout, epochs, args, forward)
             sampler.refresh()  # the new weights, or those of --sampler-lag updates ago
 
-        # Log: the same tags in all five files, means over all processes; evaluate when due.
+        # Log: the same tags in all five files, means over processes; evaluate when due.
         scalars = runs.rollout_stats(samples, rewards, advantages, accuracies=rewards,
                                      old_logprobs=old_logprobs, first_epoch=epochs[0])
-        scalars.update(figures)
-        log.end_iteration(iteration, scalars, stats, optimizer.param_groups[0]["lr"])
-        if checkpoints.after(iteration):  # a checkpoint when due; True if a stop was asked
+        log.end_iteration(iteration, scalars | figures, stats, optimizer.param_groups[0]["lr"])
+        if checkpoints.after(iteration):  # a checkpoint when due; True if asked to stop
             break
 
     if args.save_model and not checkpoints.stopping:  # process 0 writes (again if extended)
         policy.save_model(model, tokenizer, os.path.join(run_dir, "model"), rank == 0)
     log.close()
     del train_model  # DDP holds the process group: processes.finish drops it
-    processes.finish()  # all processes leave together, once process 0 has evaluated and saved
-    checkpoints.exit_if_stopped()  # 130 after Ctrl-C, 143 after SIGTERM: stopped, not finished
+    processes.finish()  # all leave together, once process 0 has evaluated and saved
+    checkpoints.exit_if_stopped()  # 130 after Ctrl-C, 143 after SIGTERM: not finished

@@ -182,13 +182,14 @@ class IterationLog:
         self.roofline = None if model is None else Roofline(model, args, self.cuda)
         self.start = time.time()
 
-    def begin(self, defaults: list[str] = (), first_prompt: str = "") -> None:
-        """Before training: the run's first lines, then the starting model's evaluation (x = 0 on
-        every curve); a resumed run did so before."""
+    def begin(self, defaults: list[str] = (), prompt_format=None, question: str = "") -> None:
+        """Before training: the run's first lines (with what the model reads of `question`), then
+        the starting model's evaluation (x = 0 on every curve); a resumed run did so before."""
         if self.is_main and self.model is not None:
             parts = state_parts(self.model, self.ref_model, self.args, world_size(), self.cuda)
-            self.console.start(self.model, parts, self.responses, list(defaults), first_prompt,
-                               self.args.gradient_checkpointing)
+            defaults = list(defaults) + prompt_format.default_line()  # --few-shot: once loaded
+            self.console.start(self.model, parts, self.responses, defaults,
+                               prompt_format.texts([question])[0], self.args.gradient_checkpointing)
         if self.first_iteration == 1:
             held_out = self.held_out(0)
             if self.is_main:
