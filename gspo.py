@@ -84,7 +84,7 @@ class Args(policy.ModelArgs):
     beta: Optional[float] = None
     """β: weight of the KL penalty to π_ref (0: none runs); None: 0, the paper's"""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """per-token KL estimate (Schulman 2020): k1, k2, or k3 (unbiased and >= 0)"""
+    """per-token KL estimate (kl_penalty): k1, k2, or k3, which is unbiased and >= 0"""
     clip_eps_low: float = 3e-4
     """lower clip range of the sequence ratio: s >= 1 − ε_low (eq. 109)"""
     clip_eps_high: float = 4e-4
@@ -397,7 +397,7 @@ def update_policy(model, optimizer, rollout: Rollout, epochs, args: Args, forwar
     each epoch's minibatches of whole groups (common/processes.py), each one optimiser step
     in passes whose gradients add up. Under torchrun DDP averages equal shards: one step."""
     trainable = [p for g in optimizer.param_groups for p in g["params"]]  # --fsdp: shards
-    model.train()  # no dropout (common/policy.py): it turns gradient checkpointing on
+    model.train()  # dropout is off (policy.py): train mode only turns checkpointing on
     stats = {"policy_loss": [], "grad_norm": []}
     sums = defaultdict(float)  # token counts over all passes, for the fractions below
     for minibatches in epochs:
@@ -545,6 +545,6 @@ if __name__ == "__main__":
     if args.save_model and not checkpoints.stopping:  # process 0 writes (again if extended)
         policy.save_model(model, tokenizer, os.path.join(run_dir, "model"), rank == 0)
     log.close()
-    del train_model  # DDP holds the process group: processes.finish drops it
+    del train_model  # DDP holds the process group: its last reference goes before finish
     processes.finish()  # all leave together, once process 0 has evaluated and saved
     checkpoints.exit_if_stopped()  # 130 after Ctrl-C, 143 after SIGTERM: not finished
