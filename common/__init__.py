@@ -1,8 +1,12 @@
-"""The rooms the runnable group files share. Each file imports this package before torch, so that
-a Ctrl-C in the seconds torch takes to load ends as every early stop does: one line, status 130
-(from parse_args on, common/runs.py's signal handlers say it)."""
+"""The rooms the runnable group files share. Each group file imports this package before torch,
+so that a Ctrl-C in the seconds torch takes to load ends as every early stop does: one line,
+status 130 (from parse_args on, common/runs.py's signal handlers say it). A tool or the lab keeps
+Python's own traceback: "nothing was trained" is the group files' to say."""
 
+import os
 import sys
+
+GROUP_FILES = ("grpo.py", "dr_grpo.py", "dapo.py", "gspo.py", "sapo.py")
 
 
 def _interrupted_while_loading(kind, value, traceback) -> None:
@@ -12,4 +16,5 @@ def _interrupted_while_loading(kind, value, traceback) -> None:
     # Python then exits as a Ctrl-C does, by SIGINT: status 130
 
 
-sys.excepthook = _interrupted_while_loading
+if os.path.basename(sys.argv[0] if sys.argv else "") in GROUP_FILES:
+    sys.excepthook = _interrupted_while_loading

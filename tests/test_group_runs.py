@@ -168,6 +168,16 @@ def test_a_ctrl_c_while_torch_loads_is_one_line_and_status_130(method, tmp_path)
     assert done.stdout == ""
 
 
+def test_a_ctrl_c_in_a_tool_keeps_pythons_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    # the lab or a tool may have written results: "nothing was trained or saved" is not theirs to say
+    done = subprocess.run([sys.executable, "-c", "import common; raise KeyboardInterrupt"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGINT and "Traceback" in done.stderr and "nothing was" not in done.stderr
+
+
 def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(checkpoints.sys, "argv", ["grpo.py"])
