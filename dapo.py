@@ -1,4 +1,4 @@
-"""DAPO: Decoupled Clip and Dynamic sAmpling Policy Optimization (Yu et al. 2025, arXiv 2503.14476).
+"""DAPO: Decoupled Clip and Dynamic sAmpling Policy Optimization (Yu et al. 2025, 2503.14476).
 
 PPO without a critic, for language models. For each prompt x the frozen policy π_θold
 samples a group of G responses, a verifiable reward R scores each, and the group is its
@@ -17,21 +17,21 @@ LLM a second model of its size. DAPO drops the KL term (item 5 below); with --be
 is k3 per token (Schulman 2020), averaged over the batch's tokens like the rest.
 
 What changes from grpo.py, and why (the DAPO paper's list and its ablation table):
-1. Clip-higher, eq. (101): ε_high = 0.28 > ε_low = 0.2. A symmetric clip stops an unlikely token
-   with positive advantage from growing much, so exploration dies (entropy collapse).
-2. Dynamic sampling: a group whose answers are all right or all wrong has Â = 0 and gives no
-   gradient. Such groups are dropped and more prompts sampled until B groups carry signal (at most
-   --max-sampling-rounds rounds; any shortfall is filled with masked-out groups, and a minibatch
-   of filler alone steps Adam on zero gradients, as in every group file). As in the paper's
-   recipe, the filter looks at the task's reward (accuracy), not at the length-shaped reward of
-   item 4. Under torchrun each process fills its own B / N groups.
-3. Token-level loss, eq. (102): sum over every token of the batch / their number, so a token of a
-   long response weighs as much as one of a short response (GRPO's 1/T_i down-weights long ones).
-   The number is that of the whole optimiser step, also in micro-batches and over several processes.
-4. Reward: +1 for a right answer, −1 for a wrong one (not 0), plus overlong reward shaping: a
-   response longer than max_new_tokens − overlong_buffer loses reward linearly, down to −1 more at
-   the cap, so a right answer cut at the cap (0) still beats a wrong one. --overlong-filtering
-   instead masks cut responses out of the loss: a sound but unfinished answer is not punished.
+1. Clip-higher, eq. (101): ε_high = 0.28 > ε_low = 0.2. A symmetric clip stops an unlikely
+   token with positive advantage from growing much: exploration dies (entropy collapse).
+2. Dynamic sampling: a group whose answers are all right or all wrong has Â = 0 and no
+   gradient. Such groups are dropped and more prompts sampled until B groups carry signal
+   (at most --max-sampling-rounds rounds; a shortfall is filled with masked-out groups; a
+   minibatch of filler alone steps Adam on zero gradients, as in every group file). As in
+   the paper's recipe, the filter reads the task's reward (accuracy), not item 4's
+   length-shaped one. Under torchrun each process fills its own B / N groups.
+3. Token-level loss, eq. (102): the sum over every token of the batch / their number, so a
+   token of a long response weighs as much as one of a short one (GRPO's 1/T_i weighs
+   long ones less); the number is the whole optimiser step's, over passes and processes.
+4. Reward: +1 for a right answer, −1 for a wrong one (not 0), plus overlong shaping: a
+   response longer than max_new_tokens − overlong_buffer loses reward linearly, down to −1
+   more at the cap, so a right answer cut at the cap (0) still beats a wrong one.
+   --overlong-filtering instead masks cut responses out: unfinished is not wrong.
 5. No KL penalty (β = 0): the policy is meant to move far from the starting model.
 
 One iteration (the main loop at the end): sample B prompts → G responses each from π_θold
@@ -98,11 +98,11 @@ class Args(policy.ModelArgs):
     clip_eps_low: float = 0.2
     """lower clip range: r >= 1 − ε_low (eq. 101)"""
     clip_eps_high: float = 0.28
-    """upper clip range: r <= 1 + ε_high (eq. 101); larger than ε_low, so unlikely good tokens can grow"""
+    """upper clip range: r <= 1 + ε_high (eq. 101), above ε_low: unlikely good tokens grow"""
     max_sampling_rounds: int = 4
-    """dynamic sampling: at most this many rounds of B prompts to find B groups with mixed answers"""
+    """dynamic sampling's most rounds of B prompts to find B groups with mixed answers"""
     overlong_buffer: Optional[int] = None
-    """L_cache: the penalty falls from 0 at max_new_tokens − this to −1 at the cap; None: a fifth of it"""
+    """L_cache: the penalty falls from 0 at cap − this to −1 at the cap; None: cap / 5"""
     overlong_filtering: bool = False
     """mask responses cut at max_new_tokens (no EOS) out of the loss"""
 
@@ -133,15 +133,15 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 
 
 def overlong_penalty(lengths: Tensor, max_new_tokens: int, overlong_buffer: int) -> Tensor:
-    """DAPO's soft overlong punishment (DAPO paper, §3.4), added to the reward: 0 up to L_max −
-    L_cache tokens, then linear down to −1 at L_max (= max_new_tokens, where cut responses end)."""
+    """The soft overlong punishment (DAPO §3.4), a reward term: 0 up to L_max − L_cache
+    tokens, then linear to −1 at L_max (= max_new_tokens, where cut responses end)."""
     if overlong_buffer == 0:
         return torch.zeros_like(lengths)
-    return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(min=-1.0, max=0.0)
+    return ((max_new_tokens - overlong_buffer - lengths) / overlong_buffer).clamp(-1.0, 0.0)
 
 
 def has_mixed_answers(accuracies: Tensor, group_size: int) -> Tensor:
-    """Dynamic sampling's filter: [B], True for the groups with both right and wrong answers."""
+    """Dynamic sampling's filter, [B]: True for the groups with right and wrong answers."""
     grouped = accuracies.view(-1, group_size)
     return (grouped != grouped[:, :1]).any(dim=1)
 
@@ -167,7 +167,7 @@ def dynamic_sampling(model, prompt_format, task, rng, num_prompts: int, args: Ar
         accuracies = torch.tensor([task.reward(text, target) for text, target in zip(texts, targets)], device=device)
         penalty = overlong_penalty(samples.mask.sum(dim=1), args.max_new_tokens, args.overlong_buffer)
         rewards = 2 * accuracies - 1 + penalty  # a right answer cut at the cap (0) beats any wrong one
-        # the filter reads accuracy, as in the DAPO recipe: lengths alone differing is no signal
+        # the filter reads accuracy, as the DAPO recipe does: lengths alone are no signal
         rounds.append((samples, accuracies, rewards, has_mixed_answers(accuracies, args.group_size)))
         if sum(int(mixed.sum()) for *_, mixed in rounds) >= num_prompts:
             break
@@ -216,8 +216,8 @@ def policy_loss(
         per_token = per_token * weights
     if ref_logprobs is not None and beta > 0:
         per_token = per_token - beta * kl_penalty(logprobs, ref_logprobs, kl_estimator)
-    # eq. (102): sum over every token of every response / the number of active tokens (a mean per
-    # process under torchrun; the floor only keeps an all-padding batch at 0 instead of NaN)
+    # eq. (102): the sum over every token of every response / the active tokens' number (a
+    # mean per process under torchrun; the floor keeps an all-padding batch at 0, not NaN)
     num_active_tokens = mask.sum() if num_active_tokens is None else num_active_tokens
     return -(per_token * mask).sum() / max(float(num_active_tokens), 1e-6)
 
@@ -477,8 +477,8 @@ def update_policy(model, optimizer, rollout: Rollout, epochs, args: Args, forwar
     sums = defaultdict(float)  # token counts over all passes, for the fractions below
     for minibatches in epochs:
         for minibatch in minibatches:
-            # eq. (102)'s normaliser: the whole step's active tokens. DDP averages the processes'
-            # gradients, so each divides by the mean count: the average is Σ tokens / all tokens.
+            # eq. (102)'s normaliser, the step's active tokens: DDP averages the processes'
+            # gradients, so each divides by the mean count; the average is Σ tokens / all.
             num_active_tokens = processes.global_mean(rollout.mask[minibatch.rows].sum().item())
             optimizer.zero_grad()
             step_loss = 0.0  # the minibatch's loss, whichever passes compute it
@@ -497,7 +497,7 @@ def update_policy(model, optimizer, rollout: Rollout, epochs, args: Args, forwar
                         kl_estimator=args.kl_estimator,
                         weights=None if rollout.weights is None else rollout.weights[inds],
                     )
-                    # every pass divides by the whole minibatch's tokens: their sum is eq. (102)
+                    # each pass divides by the minibatch's tokens: their sum is eq. (102)
                     loss.backward()
                 step_loss += loss.item()
                 with torch.no_grad():
@@ -528,7 +528,7 @@ def update_policy(model, optimizer, rollout: Rollout, epochs, args: Args, forwar
 if __name__ == "__main__":
     args = runs.parse_args(Args)  # the command line; with --resume, the run's own flags
     defaults = policy.resolve_defaults(args, beta=BETA)  # per model and machine
-    if args.overlong_buffer is None:  # L_cache: a fifth of the cap, as the paper's 4,096 of 20,480
+    if args.overlong_buffer is None:  # L_cache = cap / 5, as the paper's 4,096 of 20,480
         embedded = policy.is_embedded(args.model)
         args.overlong_buffer = args.max_new_tokens * 3 // 8 if embedded else args.max_new_tokens // 5
         defaults.append(f"--overlong-buffer {args.overlong_buffer}  "
@@ -585,8 +585,8 @@ if __name__ == "__main__":
         with log.phase("generate"), sampler.ready() as behaviour:  # π_θold, or μ
             samples, accuracies, rewards, mixed, sampled = dynamic_sampling(
                 behaviour, prompt_format, task, rng, prompts_per_process, args, device, forward)
-        # Groups without mixed answers (filler: the rounds ran out) teach nothing: no Â, no token in
-        # the loss. With overlong filtering, the responses cut at max_new_tokens are left out too.
+        # Groups without mixed answers (filler: the rounds ran out) teach nothing: no Â, no
+        # token in the loss. --overlong-filtering leaves out responses cut at the cap too.
         loss_mask = samples.mask * mixed.unsqueeze(1)
         if args.overlong_filtering:
             loss_mask = loss_mask * (~samples.truncated).unsqueeze(1)
@@ -607,7 +607,7 @@ if __name__ == "__main__":
             old_logprobs, ref_logprobs = score_responses(model, ref_model, samples, epochs[0],
                                                          args, forward)
 
-        # 5. E epochs of minibatch gradient steps on the token-level clipped surrogate (eq. 101-102).
+        # 5. E epochs of minibatch steps on the token-level surrogate (eq. 101-102).
         rollout = Rollout(samples.prompt_ids, samples.prompt_mask, samples.responses,
                           loss_mask, advantages, old_logprobs, ref_logprobs)
         # A sampler μ ≠ π_θold: each token weighed or masked by π_θold/μ (eq. 124-127).
