@@ -234,6 +234,8 @@ class IterationLog:
         }
         if self.cuda:
             logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        if getattr(self.args, "old_logprobs", None) == "sampler":  # π_old is μ: no gap to tell
+            logged = {tag: v for tag, v in logged.items() if not tag.startswith("charts/sampler_gap")}
         roofline = self.roofline is not None and "perf/decoding_rows" in logged
         if roofline:
             logged.update(self.roofline.figures(logged))
@@ -376,9 +378,7 @@ class Console:
         update = "".join(f"{name} {logged[f'losses/{name}']:.3f}  " for name in losses
                          if name not in ("policy_loss", "grad_norm") and f"losses/{name}" in logged)
         sampler = sampler_differs(getattr(args, "sampler_dtype", None), getattr(args, "sampler_lag", 0))
-        # how far the sampler is from π_θold (none to tell when μ is π_old: --old-logprobs sampler)
-        rescored = getattr(args, "old_logprobs", None) != "sampler"
-        if sampler and rescored and "charts/sampler_gap_mean" in logged:
+        if sampler and "charts/sampler_gap_mean" in logged:  # how far the sampler is from π_θold
             update += f"sampler-gap {logged['charts/sampler_gap_mean']:.2g}  "
         if "charts/is_ratio_max" in logged:  # the correction: its largest ratio, the shares left out
             update += (f"ρ-max {logged['charts/is_ratio_max']:.3g}  "

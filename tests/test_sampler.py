@@ -270,6 +270,16 @@ def test_with_the_samplers_log_probs_as_pi_old_no_scoring_pass_runs():
     hook.remove()
 
 
+def test_with_the_samplers_log_probs_as_pi_old_no_sampler_gap_is_logged(in_process):
+    """μ's log-probs are π_old's then: their gap would be 0 by construction and read as perfect agreement."""
+    flags = FLAGS[:-2] + ["--beta", "0", "--num-iterations", "2", "--sampler-lag", "1"]
+    bypass, out = in_process("grpo", flags, subdir="bypass")  # a lag's default: --old-logprobs sampler
+    rescored, rescored_out = in_process("grpo", flags + ["--old-logprobs", "trainer"], subdir="rescored")
+    assert not any(tag.startswith("charts/sampler_gap") for tag, _ in scalars(bypass)) and "sampler-gap" not in out
+    assert {tag for tag, _ in scalars(rescored)} >= {"charts/sampler_gap_mean", "charts/sampler_gap_max"}
+    assert "sampler-gap" in rescored_out
+
+
 # ---------------------------------------------------------------- what the flags refuse, in one line
 
 @pytest.mark.parametrize("fields, message", [
