@@ -42,7 +42,7 @@ class ModelArgs:
     eval_task: Optional[str] = None
     """a .jsonl file of held-out questions (a dataset's test file) instead of 10 % of --task's"""
     few_shot: Optional[int] = None
-    """solved examples before each question; None: a base model the task's, a chat model 0 (3 on a CPU with this repo's tasks)"""  # noqa: E501
+    """solved examples before each question; None: a base model the task's, a chat or embedded model 0 (a real model on a CPU, this repo's tasks: 3)"""  # noqa: E501
     system_prompt: Optional[str] = None
     """chat models: a system turn before each question (the user turn states the answer format)"""
     # Memory: models that do not fit with full fine-tuning
