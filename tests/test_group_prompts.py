@@ -252,9 +252,9 @@ def test_every_training_prompt_is_checked_against_the_model_positions(tmp_path, 
 
 
 def get_task_split(question: str) -> str:
-    from common import tasks
+    from common.tasks.splits import TEST_FRACTION, hash_unit
 
-    return "test" if tasks._hash_unit(question) < tasks.TEST_FRACTION else "train"
+    return "test" if hash_unit(question) < TEST_FRACTION else "train"
 
 
 def test_dapo_overlong_buffer_default_follows_a_typed_cap(in_process):

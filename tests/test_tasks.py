@@ -1,6 +1,6 @@
 """The verifiable tasks: generation and splits, the Countdown verifier (right, wrong, malformed and
 adversarial expressions), the JSON Lines reader and its errors, answer extraction, and `get_task`.
-Every expected reward below is worked out by hand from the rules in common/tasks.py's docstring."""
+Every expected reward below is worked out by hand from the rules in the docstrings of common/tasks/."""
 
 import json
 import os

@@ -9,7 +9,7 @@ per character) written with `save_pretrained`; the shipped
 copy is common/models/long_model/, and this script writes to --out (default runs/long_model), never over
 an existing folder unless --overwrite is given.
 
-What it learns: the task "reverse" of common/tasks.py ("reverse 48213=" -> "31284"), and then to
+What it learns: the task "reverse" of common/tasks/reverse.py ("reverse 48213=" -> "31284"), and then to
 hesitate: after the answer it writes a space and k dots, k uniform in 0..--max-dots (no space when
 k = 0), then <eos>. So a response is 4 to 48 tokens long, about 26 on average, and its length is
 drawn independently of the answer: the reward reads only the first run of digits, and in the

@@ -13,7 +13,7 @@ How it is made (and why):
   `Split(pattern="", behavior="isolated")` cuts every character ("37" -> "3", "7"; the usual
   Whitespace pre-tokenizer would map "37" to <unk>) and `decoders.Fuse()` decodes without spaces.
   pad (<pad>) differs from eos (<eos>), and the tokenizer is saved with padding_side="left".
-- Data: the training split of common/tasks.py's "addition" (operands of 1-3 digits),
+- Data: the training split of common/tasks/arithmetic.py's "addition" (operands of 1-3 digits),
   `a+b=` followed by the answer and <eos>. A fraction `--wrong-fraction` of the answers is
   deliberately wrong (one digit replaced by another). Trained to convergence on that data, the
   model samples the right answer only about half of the time (0.49 on the held-out split), yet
