@@ -1,5 +1,5 @@
-"""Mutation testing of the nine algorithm files: break the math on purpose, one place at a time, and check
-that the test suite notices.
+"""Mutation testing of the nine algorithm files, the runtime of common/ and the tasks' verifiers: break the math on
+purpose, one place at a time, and check that the test suite notices.
 
     python -m tests.mutate                          # every file: about an hour on 2 cores
     python -m tests.mutate --files dapo.py trpo.py  # some files
@@ -17,9 +17,11 @@ the advantages, the KL estimator, the loss and its aggregation, log-probs at the
 mask, scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and
 skipped steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the
 classic files: compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and
-the main loop from the rollout storage to the optimiser steps. Not mutated: argument checks, loading,
-generation, logging and what only feeds it (clip fractions, the lines under `with torch.no_grad()` that fill
-`stats`), printing and saving; each has its own tests, and a mutant there tells nothing about the math.
+the main loop from the rollout storage to the optimiser steps. In common/tasks/: every function (the questions
+drawn, the splits, how an answer is read, the Countdown parser), against tests/test_tasks.py. Not mutated:
+argument checks, loading, generation, logging and what only feeds it (clip fractions, the lines under
+`with torch.no_grad()` that fill `stats`), printing and saving; each has its own tests, and a mutant there tells
+nothing about the math.
 
 Two more restrictions keep the run near an hour on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
@@ -86,6 +88,8 @@ COMMON_FUNCTIONS = {
     "common/memory.py": ["gathered_weights", "training_state", "state_parts", "pass_size", "what_helps"],
 }
 COMMON = list(COMMON_FUNCTIONS)
+# The verifiers, every function of them: each result rests on their rewards (tests/test_tasks.py, values by hand).
+TASKS = [f"common/tasks/{name}.py" for name in ("splits", "answers", "arithmetic", "countdown", "reverse", "files")]
 CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
 CLASSIC_BLOCKS = [("# 1. Sampling", 'if "episode" in infos'), ("# 2. ", "sps = ")]
 CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip fraction is only logged
@@ -97,6 +101,7 @@ REGIONS = {
                     blocks=[("# Groups without mixed answers", "# Log-probs of the sampled tokens")],
                     skip=GROUP_SKIP),
     **{f: dict(functions=functions, blocks=[], skip=[]) for f, functions in COMMON_FUNCTIONS.items()},
+    **{f: dict(functions=None, blocks=[], skip=[]) for f in TASKS},  # None: every function
     **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
 }
 
@@ -126,6 +131,7 @@ TESTS = {
            "not every_task and not fills_a_row and (not real_models or sampling_reads_each_prompt_once "
            "or architecture_left_padding)"]
        for f in ("common/decoding.py", "common/perf.py")},
+    **{f: ["tests/test_tasks.py"] for f in TASKS},
     **{f: ["tests/test_classic_update.py", "tests/test_classic_losses.py", "tests/test_classic_cli.py",
            "tests/test_classic_rough_edges.py", "-k",
            "not smoke and not learns and not bad_argument and not unsupported_space and not missing and not lunar "
@@ -236,6 +242,29 @@ SEMANTIC += [
 
 # Surviving mutants that are equivalent or harmless: (file, text of the mutated line, mutation) -> why.
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    **{(file, line, '< → <='): 'equivalent: a hash lands exactly on the held-out fraction once in 2^64 draws'
+       for file, line in (
+           ('common/tasks/countdown.py',
+            'return hash_unit(" ".join(map(str, sorted(numbers))) + f"={target}") < TEST_FRACTION'),
+           ('common/tasks/reverse.py', 'if (hash_unit("reverse " + digits) < TEST_FRACTION) == (split == "test"):'),
+           ('common/tasks/files.py', 'split = "test" if hash_unit(question) < TEST_FRACTION else "train"'))},
+    ('common/tasks/arithmetic.py', 'return h < TEST_FRACTION * 2**32', '< → <='):
+        'equivalent: h is an integer and 0.1 × 2^32 is not',
+    ('common/tasks/arithmetic.py',
+     '(prompt, f"{prompt[:-1].replace(self.op, f\' {self.op} \', 1)} = {target}")', '1 → 2'):
+        'equivalent: a prompt holds its operator once (the operands are never negative)',
+    ('common/tasks/answers.py', 'return words[-1].start(), words[-1].group()', '-1 → 0'):
+        'equivalent where it mutates the start: the word before the sign was checked not to join (or is a line\'s '
+        'start), so the number stands alone from the sign or from the text\'s start alike',
+    ('common/tasks/countdown.py', 'items = [(number, str(number), 3) for number in numbers]', '3 → 6'):
+        'equivalent: an atom only needs a precedence above both operators\' (1 and 2)',
+    ('common/tasks/countdown.py', 'if 1 <= target <= self.max_target:', '1 → 0'):
+        'equivalent: every intermediate result is a positive integer by construction, so no target is 0',
+    ('common/tasks/files.py', 'final = answer.rsplit("####", 1)[-1].strip()', '1 → 2'):
+        'equivalent: the last piece of a split at "####" is the same however many splits are made',
+    **{('common/tasks/files.py', 'pairs = self.module.prompts(2, random.Random(0), "train")', mutation):
+       'harmless: a first look at the shape of prompts()\'s pairs; another seed or 4 pairs checks the same'
+       for mutation in ('0 → 1', '2 → 4')},
     ('common/decoding.py', 'self.attention_mask[:, self.prefilled + column - 1] = 1', '1 → 2'):
         'equivalent where it mutates the value written: any nonzero mask entry is a column attention reads',
     ('common/decoding.py', 'if not self.compiled:', 'delete the if'):
@@ -472,8 +501,11 @@ def region_lines(tree: ast.Module, src: Source, file: str, all_copies: bool) -> 
     ref_src = Source(open(os.path.join(ROOT, reference), encoding="utf-8").read()) if reference else None
     ref_functions = functions_of(ast.parse(ref_src.text)) if reference else {}
     regions = []
-    for name, node in functions_of(tree).items():
-        if name not in spec["functions"]:
+    for node in ast.walk(tree):  # a method's name may recur in another class of the file
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        name = node.name
+        if spec["functions"] is not None and name not in spec["functions"]:
             continue
         first = node.body[1 if is_docstring(node.body[0]) and len(node.body) > 1 else 0].lineno
         region = set(range(first, node.end_lineno + 1))
@@ -768,7 +800,8 @@ class Worker:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC + COMMON, choices=GROUP + CLASSIC + COMMON)
+    parser.add_argument("--files", nargs="+", default=GROUP + CLASSIC + COMMON + TASKS,
+                        choices=GROUP + CLASSIC + COMMON + TASKS)
     parser.add_argument("--list", action="store_true", help="print the mutants and exit")
     parser.add_argument("--only", nargs="+", default=None, help="run only these mutant ids (file.py:N)")
     parser.add_argument("--all-copies", action="store_true",

@@ -2,6 +2,7 @@
 adversarial expressions), the JSON Lines reader and its errors, answer extraction, and `get_task`.
 Every expected reward below is worked out by hand from the rules in the docstrings of common/tasks/."""
 
+import ast
 import json
 import os
 import random
@@ -13,6 +14,8 @@ import time
 import pytest
 
 from common.tasks import TASKS, Countdown, JsonlTask, get_task
+from common.tasks.countdown import MAX_EXPRESSION_CHARS
+from common.tasks.splits import TEST_FRACTION, hash_unit
 from conftest import ROOT
 
 EXAMPLE = os.path.join(ROOT, "common", "data", "example.jsonl")
@@ -80,6 +83,34 @@ def test_train_and_test_splits_do_not_overlap(name):
             assert not Countdown.in_test_split([int(x) for x in numbers.split()], int(target))
 
 
+@pytest.mark.parametrize("name", ALL_TASKS)
+def test_a_split_other_than_train_or_test_is_refused(name):
+    with pytest.raises(ValueError, match="split must be 'train' or 'test', got 'eval'"):
+        get_task(name).prompts(3, random.Random(0), split="eval")
+
+
+def knuth_held_out(a: int, b: int) -> bool:
+    """The arithmetic split as arithmetic.py documents it, Knuth's multiplicative hash of the operand pair: a
+    contract, since changing it would move the held-out questions of every figure on the results pages."""
+    return ((a * 1_000_003 + b) * 2_654_435_761) % 2**32 < 0.1 * 2**32
+
+
+@pytest.mark.parametrize("name", ["addition", "addition2", "subtraction", "multiplication"])
+def test_arithmetic_holds_out_the_pairs_its_hash_picks(name):
+    for split in ("train", "test"):
+        for prompt, _ in get_task(name).prompts(400, random.Random(0), split=split):
+            a, b = re.fullmatch(r"(\d+)[-+*](\d+)=", prompt).groups()
+            assert knuth_held_out(int(a), int(b)) == (split == "test"), (split, prompt)
+
+
+def test_reverse_holds_out_the_strings_its_hash_picks():
+    # the held-out side is the small one: a tenth of the hash's range
+    for split in ("train", "test"):
+        for prompt, _ in TASKS["reverse"].prompts(400, random.Random(0), split=split):
+            (digits,) = re.fullmatch(r"reverse (\d+)=", prompt).groups()
+            assert (hash_unit("reverse " + digits) < TEST_FRACTION) == (split == "test"), (split, prompt)
+
+
 def test_split_is_a_property_of_the_puzzle_not_of_its_order():
     # Countdown's split hashes the sorted numbers: any order of the same puzzle falls on the same side.
     rng = random.Random(3)
@@ -123,6 +154,16 @@ def test_arithmetic_prompts_are_bare():
         assert target == str(int(a) + int(b))
     assert TASKS["addition"].reward("The answer is 85.", "85") == 1.0
     assert TASKS["addition"].reward("84", "85") == 0.0
+
+
+def test_arithmetic_operands_have_a_uniform_digit_count_then_a_uniform_value():
+    # "addition": 1, 2 or 3 digits, each a third of the operands; 0 and 999 are operands, 1000 is not
+    operands = [int(x) for prompt, _ in TASKS["addition"].prompts(15_000, random.Random(0))
+                for x in prompt[:-1].split("+")]
+    for digits in (1, 2, 3):
+        share = sum(len(str(x)) == digits for x in operands) / len(operands)
+        assert abs(share - 1 / 3) < 0.015, (digits, share)  # 30,000 operands: a standard error of 0.003
+    assert min(operands) == 0 and max(operands) == 999 and {10, 100} <= set(operands)  # each count's smallest
 
 
 @pytest.mark.parametrize("response, target, expected", [
@@ -183,6 +224,26 @@ def test_reverse_reward_keeps_leading_zeros():
 
 
 # ---------------------------------------------------------------- countdown: generation
+
+def test_countdown_demonstrations_carry_only_the_parentheses_needed():
+    # Python writes an expression back with the parentheses its precedence needs (ast.unparse): a
+    # demonstration reads the same, so "(25 - 3) * 2" but never "(3)", "(3 * 7) * 2" or "25 - (3)"
+    rng = random.Random(2)
+    puzzles = [Countdown().puzzle(rng) for _ in range(3000)]
+    for _, _, expression in puzzles:
+        assert ast.unparse(ast.parse(expression, mode="eval")) == expression
+    assert any("(" in expression for _, _, expression in puzzles)
+    # _combine's own examples: a - (b + c) and a / (b * c) keep theirs, a + (b - c) and a * (b / c) need none
+    three, sum_, difference = (3, "3", 3), (9, "4 + 5", 1), (1, "5 - 4", 1)
+    product, quotient = (20, "4 * 5", 2), (2, "8 / 4", 2)
+    assert Countdown._combine((12, "12", 3), "-", sum_)[1] == "12 - (4 + 5)"
+    assert Countdown._combine((40, "40", 3), "/", product)[1] == "40 / (4 * 5)"
+    assert Countdown._combine(three, "+", difference)[1] == "3 + 5 - 4"
+    assert Countdown._combine(three, "*", quotient)[1] == "3 * 8 / 4"
+    # every number of 1..25 is drawn, and targets reach both ends of 1..100
+    assert {n for numbers, _, _ in puzzles for n in numbers} == set(range(1, 26))
+    assert {1, 100} <= {target for _, target, _ in puzzles}
+
 
 def test_countdown_puzzles_are_in_range_and_reachable():
     task = TASKS["countdown"]
@@ -344,6 +405,12 @@ ADVERSARIAL = [
     ("🎉" * 100_000, "3 7 25=46", 0.0),
     ("3*7+25" + " 🎉" * 50_000, "3 7 25=46", 1.0),  # decoration is taken off in linear time
     ("Thus, " * 50_000 + "3*7+25", "3 7 25=46", 1.0),  # one label of 50k words of letters: nothing hides in it
+    # the parser takes every token, and only closed parentheses
+    ("3 + 4)", "3 4=7", 0.0), ("(3 + 4 7", "3 4=7", 0.0), ("(3 + 4", "3 4=7", 0.0),
+    ("\\boxed{3 + 4}!", "3 4=7", 0.0),  # (3 + 4)! = 5040: the sign just after the box joins it
+    # the length bound: an expression of MAX_EXPRESSION_CHARS characters is read, one more is not
+    ("3 +" + " " * (MAX_EXPRESSION_CHARS - 4) + "4", "3 4=7", 1.0),
+    ("3 +" + " " * (MAX_EXPRESSION_CHARS - 3) + "4", "3 4=7", 0.0),
 ]
 
 
@@ -545,6 +612,15 @@ ANSWERS = [
     ("5! − 7", "-7", 0.0),
     ("− \\boxed{7}", "-7", 0.0),  # outside the box the sign still changes it
     ("− " * 50_000 + "7", "-7", 0.0),  # one sign is taken, the one before it joins
+    ("y − 7", "-7", 0.0), ("2n − 7", "-7", 0.0),  # after a variable, a minus sign is subtraction ...
+    ("The answer is − 7", "-7", 1.0), ("Answer = − 7", "-7", 1.0),  # ... after a word or "=", a sign
+    ("So x = \\boxed{− 7}", "-7", 1.0),  # a sign inside the box, after words outside it
+    ("- The sum is 85", "85", 1.0),  # a markdown bullet is not a minus: only the word just before counts
+    ("The total is $1 234", "234", 0.0),  # "1 234" is one number, even after "$"
+    ("#### 85 \\pm2", "85", 0.0),  # a LaTeX command just after joins it, whatever follows its letters
+    ("\nThe answer is 2 ^ 85", "85", 0.0),  # a response that opens with a newline: the word before still counts
+    ("\\boxed{5}!", "5", 0.0),  # 5! = 120: the sign just after the box joins it
+    ("####72", "72", 1.0),  # no space after "####": its first digit is read too
 ]
 
 
@@ -689,6 +765,16 @@ def test_jsonl_answer_of_100_characters_is_read(tmp_path):
     assert task.reward("#### " + "9" * 99, target) == 0.0
 
 
+def test_jsonl_a_byte_order_mark_opens_the_file_and_a_draw_of_the_whole_split_takes_each_question_once(tmp_path):
+    path = tmp_path / "bom.jsonl"  # Windows' Notepad writes UTF-8 with a byte order mark
+    path.write_bytes("\ufeff".encode("utf-8") + "".join(line + "\n" for line in good_lines()).encode("utf-8"))
+    task = JsonlTask(str(path))
+    questions = [question for question, _, _ in task.splits["train"]]
+    assert "What is 0 plus 1?" in questions + [q for q, _, _ in task.splits["test"]]
+    drawn = [question for question, _ in task.prompts(len(questions), random.Random(0))]
+    assert sorted(drawn) == sorted(questions)  # n = the split's size: without replacement, every one once
+
+
 def test_jsonl_not_utf8(tmp_path):
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(b'{"question": "1+1?", "answer": "2"}\n{"question": "caf\xe9?", "answer": "3"}\n')
@@ -800,6 +886,8 @@ def test_addition2_has_operands_of_one_or_two_digits_and_a_real_test_split():
     ("#### four", "4", 0.0),  # a number target is compared as a number
     ("#### 4", "four", 0.0),
     ("", "Paris", 0.0),
+    ("#### Paris\n#### Lyon", "Lyon", 1.0),  # the last "####" holds the answer
+    ("#### The answer is Paris", "Paris", 1.0),  # a label after "####", past its space
 ])
 def test_text_answers_are_graded_by_normalised_exact_match(response, target, expected):
     assert JsonlTask.reward(response, target) == expected
@@ -841,7 +929,9 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
             and task.reward("nan", target) == 0.0)
     err = capsys.readouterr().err
     assert err.count("reward raised RuntimeError: a bug of mine; such responses score 0") == 1
-    assert task.examples(2, random.Random(0))[0][0].startswith("Say ")
+    assert task.examples(2, random.Random(0))[0][0].startswith("Say ")  # without examples(): its prompts
+    path.write_text(PLUGIN + "\ndef examples(k, rng):\n    return [('Say yes.', 'yes')] * k\n")
+    assert get_task(str(path)).examples(2, random.Random(0)) == [("Say yes.", "yes")] * 2
 
 
 @pytest.mark.parametrize("source, message", [
@@ -849,6 +939,8 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
     ("import no_such_module\n", "importing it failed (ModuleNotFoundError"),
     ("def prompts(n, rng, split): return [1, 2]\ndef reward(r, t): return 0.0\n",
      "must return n (prompt, target) pairs"),
+    ("def prompts(n, rng, split): return [('Say yes.', 1)] * n\ndef reward(r, t): return 0.0\n",
+     "must return n (prompt, target) pairs"),  # a target that is no string
 ])
 def test_a_broken_task_file_is_one_line(tmp_path, source, message):
     path = tmp_path / "broken.py"
