@@ -18,10 +18,10 @@ With a second file (--eval-task, e.g. GSM8K's test.jsonl) the first file is all 
 questions and the second all held-out ones. prompts() draws without replacement when n fits
 in the split; beyond that, training draws with replacement and an evaluation gets every
 held-out question once.
-Reward: a number is graded as answers.py reads a response's number ("72.0" == "72", "1,234" ==
-"1234"), a text ("Paris") by exact match of the response's final text, both normalised as
-SQuAD's grader does ("#### the Eiffel Tower!" is "Eiffel tower"; "Paris, France" is not
-"Paris"). The chat instruction asks for "the final answer after '####'" (as a number when
+Reward: a number is compared by value with the number answers.py reads from the response
+("72.0" == "72", "1,234" == "1234"); a text ("Paris") with the response's final text, both
+normalised as SQuAD's grader does ("#### the Eiffel Tower!" is "Eiffel tower"; "Paris, France"
+is not "Paris"). The chat instruction asks for "the final answer after '####'" (as a number when
 every answer is one).
 Demonstration: the answer string when it carries reasoning ("####" in it, with GSM8K's
 calculator notes "<<48/2=24>>" removed), else "#### <answer>": a demonstration follows the
