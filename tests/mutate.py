@@ -18,7 +18,8 @@ mask, scoring under π_θold and π_ref, the update loop (micro-batch weights, D
 skipped steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the
 classic files: compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and
 the main loop from the rollout storage to the optimiser steps. In common/tasks/: every function (the questions
-drawn, the splits, how an answer is read, the Countdown parser), against tests/test_tasks.py. Not mutated:
+drawn, the splits, how an answer is read, the Countdown parser) and each entry of the tables an answer is read
+with (TABLES: operators, words, units, invisible characters, LaTeX), against tests/test_tasks.py. Not mutated:
 argument checks, loading, generation, logging and what only feeds it (clip fractions, the lines under
 `with torch.no_grad()` that fill `stats`), printing and saving; each has its own tests, and a mutant there tells
 nothing about the math.
@@ -90,6 +91,12 @@ COMMON_FUNCTIONS = {
 COMMON = list(COMMON_FUNCTIONS)
 # The verifiers, every function of them: each result rests on their rewards (tests/test_tasks.py, values by hand).
 TASKS = [f"common/tasks/{name}.py" for name in ("splits", "answers", "arithmetic", "countdown", "reverse", "files")]
+# ... and their tables: each entry dropped in turn (an operator that no longer joins, a unit no longer read).
+TABLES = {
+    "common/tasks/answers.py": ["_UNITS", "_MINUS_SIGNS", "_JOINS_BEFORE", "_WORDS_BEFORE", "_JOINS_AFTER",
+                                "_WORDS_AFTER", "_PUNCTUATION", "INVISIBLE", "_LATEX_PLAIN"],
+    "common/tasks/countdown.py": ["_LATEX", "_EMOJI_PARTS", "_OPERATORS"],
+}
 CLASSIC_FUNCTIONS = ["compute_gae", "normalize", "policy_loss", "surrogate", "conjugate_gradient", "fvp"]
 CLASSIC_BLOCKS = [("# 1. Sampling", 'if "episode" in infos'), ("# 2. ", "sps = ")]
 CLASSIC_SKIP = [("clipfracs.append", "pg_loss = policy_loss")]  # ppo: the clip fraction is only logged
@@ -697,6 +704,7 @@ def mutants_for(file: str, all_copies: bool = False) -> list[Mutant]:
                 continue
             seen.add(mutated)
             found.append(Mutant(file, node.lineno, description, mutated))
+    found += table_mutants(file, src, tree)
     for target, old, new, description in SEMANTIC:
         if target != file or not description:
             continue
@@ -717,6 +725,34 @@ def mutants_for(file: str, all_copies: bool = False) -> list[Mutant]:
         mutant.id = f"{file}:{len(valid) + 1}"
         valid.append(mutant)
     return valid
+
+
+def table_mutants(file: str, src: Source, tree: ast.Module) -> list[Mutant]:
+    """Each entry of the file's TABLES dropped in turn: a character of a string or of set("..."), an item of a
+    tuple, a set, a list ("|".join([...])) or a dict."""
+    found = []
+    for node in tree.body:
+        if not isinstance(node, ast.Assign) or ast.unparse(node.targets[0]) not in TABLES.get(file, []):
+            continue
+        value = node.value
+        if isinstance(value, ast.Call) and isinstance(value.args[0], ast.List):  # "|".join([...])
+            value = value.args[0]
+        elif isinstance(value, ast.Call):  # set("...")
+            value = value.args[0]
+        if isinstance(value, ast.Constant):  # the characters of a string
+            start, end = src.span(value)
+            found += [Mutant(file, node.lineno, f"drop {char!r} of {ast.unparse(node.targets[0])}",
+                             src.replace(start, end, repr(value.value.replace(char, ""))))
+                      for char in dict.fromkeys(value.value)]
+            continue
+        items = list(zip(value.keys, value.values)) if isinstance(value, ast.Dict) else [(e, e) for e in value.elts]
+        for first, last in items:
+            start, end = src.span(first)[0], src.span(last)[1]
+            if src.data[end:end + 1] == b",":
+                end += 1
+            description = f"drop {ast.literal_eval(first)!r} of {ast.unparse(node.targets[0])}"
+            found.append(Mutant(file, first.lineno, description, src.replace(start, end, "")))
+    return found
 
 
 def in_docstring(node, parents) -> bool:

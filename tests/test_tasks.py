@@ -414,6 +414,17 @@ ADVERSARIAL = [
 ]
 
 
+@pytest.mark.parametrize("response", [
+    "\\(3 \\times 7 + 25\\)", "\\[3 \\times 7 + 25\\]", "$3 \\cdot 7 + 25$", "\\left(3 \\times 7\\right) + 25",
+    "(21 \\div 7) \\times 5 + 25",  # LaTeX's spellings of the expression
+    "3*7+25 👍🏻", "3*7+25 👍🏼", "3*7+25 👍🏽", "3*7+25 👍🏾", "3*7+25 👍🏿",  # skin tones
+    "3*7+25 ❤️", "3*7+25 ☺︎",  # variation selectors
+])
+def test_countdown_reads_latex_and_drops_decoration(response):
+    target = "21 7 5 25=40" if "21" in response else "3 7 25=46"
+    assert Countdown.reward(response, target) == 1.0
+
+
 @pytest.mark.parametrize("response, target, expected", CASES, ids=[f"{i}" for i in range(len(CASES))])
 def test_countdown_verifier(response, target, expected):
     start = time.perf_counter()
@@ -627,6 +638,59 @@ ANSWERS = [
 @pytest.mark.parametrize("response, target, expected", ANSWERS, ids=[f"{i}" for i in range(len(ANSWERS))])
 def test_dataset_reward(response, target, expected):
     assert JsonlTask.reward(response, target) == expected
+
+
+# Written out by hand: the operators and relations of ASCII and Unicode's math blocks (minus signs, times signs,
+# division slashes, roots, plus-minus, comparisons), each of which makes a number part of a formula
+OPERATORS_BEFORE = "+ - − – * ∗ × · ⋅ ∙ / ∕ ⁄ ÷ ^ √ ∛ ∜ ± ∓ < > ≤ ≥ ≠ ~".split()
+OPERATORS_AFTER = "+ - − – * ∗ × · ⋅ ∙ / ∕ ⁄ ÷ ^ ± ∓ < > ≤ ≥ ≠ ! % ‰".split()
+
+
+@pytest.mark.parametrize("operator", OPERATORS_BEFORE)
+def test_an_operator_before_a_number_makes_it_part_of_a_formula(operator):
+    assert JsonlTask.reward(f"x {operator} 85", "85") == 0.0  # "x ≤ 85" does not answer 85
+    assert JsonlTask.reward(f"#### ({operator} 85)", "85") == 0.0
+
+
+@pytest.mark.parametrize("operator", OPERATORS_AFTER)
+def test_an_operator_after_a_number_makes_it_part_of_a_formula(operator):
+    assert JsonlTask.reward(f"#### 85 {operator} 2", "85") == 0.0
+
+
+@pytest.mark.parametrize("response", [
+    "(2) 85", "[2] 85", "{2} 85", "f( 85", "\\frac{3}{ 85",  # a bracket before it: a product or an argument
+    "#### 85 cubed", "#### 85 factorial", "#### 85 hundred", "#### 85 million", "#### 85 billion",
+    "#### 85 trillion", "#### 85 times 2", "#### 85 plus 2", "#### 85 minus 2", "#### 85 over 2",
+    "#### 85 divided by 5", "#### 85 mod 2",  # a word after it that continues the formula
+    "#### 85 %2", "*negative* 85",  # "%" opening the next word is modulo; a word of a formula in emphasis
+    *[f"#### 85 {word}" for word in ("squared.", "squared,", "squared;", "squared:", "squared!", "squared?",
+                                     "*squared*", '"squared"', "'squared'", "(squared)", "[squared]", "“squared”",
+                                     "‘squared’")],  # the word in punctuation, quotes or emphasis
+])
+def test_a_bracket_or_a_word_of_a_formula_joins_a_number(response):
+    assert JsonlTask.reward(response, "85") == 0.0
+
+
+@pytest.mark.parametrize("unit", ["mm", "cm", "m", "km", "in", "ft", "yd", "mi", "mg", "g", "kg", "lb", "lbs", "oz",
+                                  "ml", "mL", "l", "L", "gal", "s", "sec", "min", "h", "hr", "hrs", "mph", "km/h",
+                                  "m/s", "°", "°C", "°F"])
+def test_a_unit_glued_to_a_number_leaves_the_number(unit):
+    assert JsonlTask.reward(f"It is 72{unit}.", "72") == 1.0
+
+
+@pytest.mark.parametrize("response", [
+    "8\u200c5", "8\u200d5", "8\u20605", "8\ufeff5", "8\u00ad5",  # invisible characters inside a number
+    "\\(85\\)", "\\[85\\]", "$\\left(85\\right)$", "\\(8\\!5\\)", "It is\\;85", "It is\\:85",
+    "It is\\ 85", "It is\\quad85",  # LaTeX's delimiters and spacing commands
+])
+def test_invisible_characters_and_latex_spacing_are_read_through(response):
+    assert JsonlTask.reward(response, "85") == 1.0
+
+
+def test_latex_degrees_and_spaces_and_an_en_dash_minus():
+    assert JsonlTask.reward("$90^{\\circ}$", "90") == 1.0 and JsonlTask.reward("$90^\\circ$", "90") == 1.0
+    assert JsonlTask.reward("The answer is – 7", "-7") == 1.0  # an en dash set apart is a minus sign
+    assert JsonlTask.reward("$1\\ 234$", "234") == 0.0  # "\\ " is a space, and "1 234" one number
 
 
 # ---------------------------------------------------------------- dataset file: the reader
