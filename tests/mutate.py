@@ -18,8 +18,9 @@ mask, scoring under π_θold and π_ref, the update loop (micro-batch weights, D
 skipped steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the
 classic files: compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and
 the main loop from the rollout storage to the optimiser steps. In common/tasks/: every function (the questions
-drawn, the splits, how an answer is read, the Countdown parser) and each entry of the tables an answer is read
-with (TABLES: operators, words, units, invisible characters, LaTeX), against tests/test_tasks.py. Not mutated:
+drawn, the splits, how an answer is read, the Countdown parser), each entry of the tables an answer is read
+with (TABLES: operators, words, units, invisible characters, LaTeX) and each member of their patterns'
+character classes ([...]), against tests/test_tasks.py. Not mutated:
 argument checks, loading, generation, logging and what only feeds it (clip fractions, the lines under
 `with torch.no_grad()` that fill `stats`), printing and saving; each has its own tests, and a mutant there tells
 nothing about the math.
@@ -255,6 +256,22 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
             'return hash_unit(" ".join(map(str, sorted(numbers))) + f"={target}") < TEST_FRACTION'),
            ('common/tasks/reverse.py', 'if (hash_unit("reverse " + digits) < TEST_FRACTION) == (split == "test"):'),
            ('common/tasks/files.py', 'split = "test" if hash_unit(question) < TEST_FRACTION else "train"'))},
+    **{('common/tasks/answers.py', '_LATEX_COMMAND_AT_END = re.compile(r"\\\\[A-Za-z]+[{(]?$")',
+        f"drop {c!r} of [{{(]"):
+       'equivalent: a word that ends in "{" or "(" joins the number after it by that character already'
+       for c in "{("},
+    **{('common/tasks/answers.py',
+        '_LATEX_TEXT = re.compile(r"\\\\(?:text|textrm|textbf|mathrm|mbox)\\{([^{}]*)\\}")', f"drop {c!r} of [^{{}}]"):
+       'harmless: differs only when a \\text{...} argument holds a brace group of its own, rare in an answer'
+       for c in "{"},
+    **{('common/tasks/countdown.py',
+        'if label and not WORDS_BEFORE.intersection(re.findall(r"[^\\W\\d_]+", label.group().lower())):',
+        f"drop {c!r} of [^\\W\\d_]"):
+       'equivalent: a label holds words of letters only (LABEL), so no digit or underscore is there to split on'
+       for c in ("\\d", "_")},
+    **{('common/tasks/files.py', '_CALCULATOR_NOTE = re.compile(r"<<[^<>]*>>")', f"drop {c!r} of [^<>]"):
+       'equivalent on GSM8K: its calculator notes hold no "<" or ">", and a match ends at the first ">>"'
+       for c in "<>"},
     ('common/tasks/arithmetic.py', 'return h < TEST_FRACTION * 2**32', '< → <='):
         'equivalent: h is an integer and 0.1 × 2^32 is not',
     ('common/tasks/arithmetic.py',
@@ -704,7 +721,7 @@ def mutants_for(file: str, all_copies: bool = False) -> list[Mutant]:
                 continue
             seen.add(mutated)
             found.append(Mutant(file, node.lineno, description, mutated))
-    found += table_mutants(file, src, tree)
+    found += table_mutants(file, src, tree) + pattern_mutants(file, src, tree)
     for target, old, new, description in SEMANTIC:
         if target != file or not description:
             continue
@@ -752,6 +769,34 @@ def table_mutants(file: str, src: Source, tree: ast.Module) -> list[Mutant]:
                 end += 1
             description = f"drop {ast.literal_eval(first)!r} of {ast.unparse(node.targets[0])}"
             found.append(Mutant(file, first.lineno, description, src.replace(start, end, "")))
+    return found
+
+
+def pattern_mutants(file: str, src: Source, tree: ast.Module) -> list[Mutant]:
+    """In the verifiers (TASKS), each member of each character class [...] of a raw-string pattern dropped in turn
+    (a quote no longer taken off, a digit no longer read)."""
+    if file not in TASKS:
+        return []
+    found, seen = [], set()
+    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Constant, ast.JoinedStr)) or id(node) in parts:
+            continue
+        start, end = src.span(node)
+        literal = src.segment(start, end)
+        if not literal.lower().startswith(("r'", 'r"', "rf", "fr")):
+            continue
+        for group in re.finditer(r"\[\^?((?:\\.|[^\]\\])+)\]", literal):
+            members = re.findall(r"\\.|.", group.group(1))
+            offset = group.start(1)
+            for i, member in enumerate(members):
+                if len(members) == 1:
+                    break
+                cut = offset + sum(map(len, members[:i]))
+                mutated = src.replace(start, end, literal[:cut] + literal[cut + len(member):])
+                if mutated not in seen:
+                    seen.add(mutated)
+                    found.append(Mutant(file, node.lineno, f"drop {member!r} of {group.group(0)}", mutated))
     return found
 
 

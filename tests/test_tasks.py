@@ -405,6 +405,12 @@ ADVERSARIAL = [
     ("🎉" * 100_000, "3 7 25=46", 0.0),
     ("3*7+25" + " 🎉" * 50_000, "3 7 25=46", 1.0),  # decoration is taken off in linear time
     ("Thus, " * 50_000 + "3*7+25", "3 7 25=46", 1.0),  # one label of 50k words of letters: nothing hides in it
+    # a label is words of letters: no digit or underscore hides in it; words are set apart by spaces or tabs
+    ("Step 2: 3*7+25", "3 7 25=46", 0.0), ("final_answer: 3*7+25", "3 7 25=46", 0.0),
+    ("Step 2 answer: 3*7+25", "3 7 25=46", 0.0), ("Step2, 3*7+25", "3 7 25=46", 0.0),
+    ("my_final answer: 3*7+25", "3 7 25=46", 0.0), ("final_answer, 3*7+25", "3 7 25=46", 0.0),
+    ("The answer is\t3*7+25", "3 7 25=46", 1.0), ("Thus, (3 * 7) + 25", "3 7 25=46", 1.0),
+    ("The\tanswer is 3*7+25", "3 7 25=46", 1.0), ("Thus,\t3*7+25", "3 7 25=46", 1.0),
     # the parser takes every token, and only closed parentheses
     ("3 + 4)", "3 4=7", 0.0), ("(3 + 4 7", "3 4=7", 0.0), ("(3 + 4", "3 4=7", 0.0),
     ("\\boxed{3 + 4}!", "3 4=7", 0.0),  # (3 + 4)! = 5040: the sign just after the box joins it
@@ -663,6 +669,7 @@ def test_an_operator_after_a_number_makes_it_part_of_a_formula(operator):
     "#### 85 trillion", "#### 85 times 2", "#### 85 plus 2", "#### 85 minus 2", "#### 85 over 2",
     "#### 85 divided by 5", "#### 85 mod 2",  # a word after it that continues the formula
     "#### 85 %2", "*negative* 85",  # "%" opening the next word is modulo; a word of a formula in emphasis
+    "\\Delta 85", "\\Gamma 85",  # a LaTeX command before it, upper case too
     *[f"#### 85 {word}" for word in ("squared.", "squared,", "squared;", "squared:", "squared!", "squared?",
                                      "*squared*", '"squared"', "'squared'", "(squared)", "[squared]", "“squared”",
                                      "‘squared’")],  # the word in punctuation, quotes or emphasis
@@ -685,6 +692,19 @@ def test_a_unit_glued_to_a_number_leaves_the_number(unit):
 ])
 def test_invisible_characters_and_latex_spacing_are_read_through(response):
     assert JsonlTask.reward(response, "85") == 1.0
+
+
+@pytest.mark.parametrize("response, target", [
+    ("#### \\frac{10}{4}", "2.5"), ("#### \\frac{9}{2}", "4.5"),  # fractions, any digits
+    ("#### 90/4", "22.5"), ("#### 15/4", "3.75"), ("#### 3/15", "0.2"), ("#### \\frac{19}{10}", "1.9"),
+    *[(f"It is {w}85{w2}", "85") for w, w2 in (("[", "]"), ('"', '"'), ("'", "'"), ("“", "”"), ("‘", "’"),
+                                                 ("", ":"), ("", "?"))],  # brackets, quotes, punctuation
+    *[(f"It is 85 %{c}", "85") for c in ')]"\'”’*`.,;:?$'],  # a percent sign set apart, then punctuation
+    ("It is –85", "-85"),  # an en dash glued on is a minus sign
+    ("\\boxed{\\text{about } 85}", "85"),  # \\text{...} ends at its own "}", not at the box's
+])
+def test_a_number_in_brackets_quotes_or_punctuation_is_read(response, target):
+    assert JsonlTask.reward(response, target) == 1.0
 
 
 def test_latex_degrees_and_spaces_and_an_en_dash_minus():
