@@ -1,7 +1,7 @@
 """Mutation testing of the nine algorithm files, the runtime of common/ and the tasks' verifiers: break the math on
 purpose, one place at a time, and check that the test suite notices.
 
-    python -m tests.mutate                          # every file: about 75 minutes on 2 cores
+    python -m tests.mutate                          # every file: about 80 minutes on 2 cores
     python -m tests.mutate --files dapo.py trpo.py  # some files
     python -m tests.mutate --list                   # the mutants, without running anything
     python -m tests.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
@@ -25,7 +25,7 @@ argument checks, loading, generation, logging and what only feeds it (clip fract
 `with torch.no_grad()` that fill `stats`), printing and saving; each has its own tests, and a mutant there tells
 nothing about the math.
 
-Two more restrictions keep the run near 75 minutes on 2 cores: a line that a sibling shares with grpo.py (group) or
+Two more restrictions keep the run near 80 minutes on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
 the files, and tests/test_classic_losses.py checks the shared helpers verbatim; --all-copies mutates every copy),
 and shape arguments (dim=, .view(-1), .unsqueeze(1)) are left alone (a wrong one is a shape error).
