@@ -146,9 +146,8 @@ def folder(args, task_name: str, script: str) -> str:
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The unbiased estimate of pass@k from n samples of which c are right: 1 − C(n − c, k) / C(n, k)
-    (Chen et al. 2021, arXiv 2107.03374): the chance that k of the n samples hold a right one."""
-    if n - c < k:
-        return 1.0
+    (Chen et al. 2021, arXiv 2107.03374): the chance that k of the n samples hold a right one.
+    With fewer than k wrong samples C(n − c, k) is 0 (math.comb's count): every k hold a right one."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 

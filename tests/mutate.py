@@ -1,7 +1,7 @@
 """Mutation testing of the nine algorithm files, the runtime of common/ and the tasks' verifiers: break the math on
 purpose, one place at a time, and check that the test suite notices.
 
-    python -m tests.mutate                          # every file: about 80 minutes on 2 cores
+    python -m tests.mutate                          # every file: about 2 hours on 2 cores
     python -m tests.mutate --files dapo.py trpo.py  # some files
     python -m tests.mutate --list                   # the mutants, without running anything
     python -m tests.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
@@ -12,20 +12,23 @@ algorithm file, and puts the original back. A mutant is *killed* when a test fai
 longer imports), *survived* when every test passes, *timeout* when the tests run past the limit. Not part of
 CI (too slow); the README's testing section gives the command.
 
-What is mutated (REGIONS below): only the code that carries math and normalisation. In the group files:
-the advantages, the KL estimator, the loss and its aggregation, log-probs at the temperature, the response
-mask, scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and
-skipped steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the
-classic files: compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and
-the main loop from the rollout storage to the optimiser steps. In common/tasks/: every function (the questions
-drawn, the splits, how an answer is read, the Countdown parser), each entry of the tables an answer is read
-with (TABLES: operators, words, units, invisible characters, LaTeX) and each member of their patterns'
-character classes ([...]), against tests/test_tasks.py. Not mutated:
-argument checks, loading, generation, logging and what only feeds it (clip fractions, the lines under
-`with torch.no_grad()` that fill `stats`), printing and saving; each has its own tests, and a mutant there tells
-nothing about the math.
+What is mutated (REGIONS below): only the code that carries math and normalisation. In the group files: the
+advantages, the KL estimator, the loss and its aggregation, log-probs at the temperature, the response mask,
+scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and skipped
+steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the classic files:
+compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and the main loop from
+the rollout storage to the optimiser steps. In common/'s runtime (COMMON_FUNCTIONS): the minibatches and reductions
+across processes, the logged rollout statistics, the sampler gap, pass@k and the held-out figures, reading prompts
+once, where a stop string cuts a response, the padding of DAPO's rounds, the sampler's copies, its corrections and
+their defaults, the decoding steps, the perf line, what each process holds, the defaults per model and machine,
+dropout off, the float32 output layer, and when a checkpoint is written or a stop is said. In common/tasks/: every
+function (the questions drawn, the splits, how an answer is read, the Countdown parser), each entry of the tables
+an answer is read with (TABLES: operators, words, units, invisible characters, LaTeX) and each member of their
+patterns' character classes ([...]), against tests/test_tasks.py. Not mutated: argument checks, the rest of loading
+and saving, generation, logging and what only feeds it (clip fractions, the lines under `with torch.no_grad()` that
+fill `stats`), printing; each has its own tests, and a mutant there tells nothing about the math.
 
-Two more restrictions keep the run near 80 minutes on 2 cores: a line that a sibling shares with grpo.py (group) or
+Two more restrictions keep the run near 2 hours on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
 the files, and tests/test_classic_losses.py checks the shared helpers verbatim; --all-copies mutates every copy),
 and shape arguments (dim=, .view(-1), .unsqueeze(1)) are left alone (a wrong one is a shape error).
@@ -77,16 +80,20 @@ GROUP_FUNCTIONS = ["compute_advantages", "kl_penalty", "masked_mean_per_response
                    "token_logprobs", "logprobs_of", "response_mask", "sample_token", "sample", "score_responses",
                    "update_policy", "reference_model", "reference_scoring"]
 GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are tested (tests/test_group_update.py)
-# The runtime of common/ whose code carries numbers: the minibatches and reductions across processes, the logged
-# statistics, reading prompts once, the decoding steps and their cache, the perf line, the training state's memory.
+# The runtime of common/ whose code carries numbers or decides them: the minibatches and reductions across processes,
+# the logged statistics, reading prompts once, the decoding steps, the perf line, memory, the defaults (docstring).
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
-    "common/runs.py": ["rollout_stats", "sampler_gap"],
+    "common/runs.py": ["rollout_stats", "sampler_gap", "pass_at_k", "held_out"],
     "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct", "bytes",
-                           "refresh", "state_dict", "load_state_dict"],
+                           "refresh", "state_dict", "load_state_dict", "stop_mask", "_stop_string", "pad_cat",
+                           "sampler_differs", "resolve_correction"],
     "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
                            "grouped_attention", "decoding_cache"],
     "common/perf.py": ["work", "figures"],
+    "common/policy.py": ["resolve_defaults", "forward", "float32_output_layer", "frozen_weights_to_bfloat16",
+                         "disable_dropout"],
+    "common/checkpoints.py": ["stopped", "after"],
     "common/memory.py": ["gathered_weights", "training_state", "state_parts", "pass_size", "what_helps"],
 }
 COMMON = list(COMMON_FUNCTIONS)
@@ -127,6 +134,15 @@ TESTS = {
                               "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
+    # pass@k and the held-out figures: their tests by hand and the console's evaluation line
+    "common/runs.py": GROUP_TESTS[:-2] + ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_runs.py",
+                                          "-k", GROUP_TESTS[-1] + " and not end_to_end"],
+    # the defaults per model and machine, the float32 output layer, the frozen weights in bfloat16, no dropout
+    "common/policy.py": ["tests/test_common.py", "tests/test_sampler.py", "tests/test_group_bf16.py",
+                         "tests/test_group_cli.py", "tests/test_group_real_models.py", "-k",
+                         "not every_task and not fills_a_row and not learns and not smoke"],
+    # when a checkpoint is written and a stop is said: the runs stopped, resumed and extended
+    "common/checkpoints.py": ["tests/test_group_runs.py", "-k", "stop or resume or extended or checkpoint"],
     # what each process holds and the pass sizes: their tests by hand, the holds line, the scale tool, the refusals
     "common/memory.py": ["tests/test_common.py", "tests/test_scale.py", "tests/test_gpu_check.py",
                          "tests/test_group_runs.py", "-k",
@@ -476,6 +492,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'size fits, and minibatch + 1 never divides the minibatch',
     ('common/memory.py', 'if minibatch % n == 0 and (n % group_size == 0 or n < group_size)]', '< → <='):
         'equivalent: n = G is a whole group, let in by n % G == 0 already',
+    ('common/sampling.py', 'low, high = 1, n', '1 → 0'):
+        'equivalent: the empty prefix decodes to "", which never holds a stop string; the search never ends at 0',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }

@@ -58,6 +58,7 @@ def test_a_real_model_on_a_cpu_gets_the_recipe_measured_to_learn_there(monkeypat
             args.eval_every, args.eval_size, args.beta) == ("addition2", 8, 24, 1e-5, 16, 6, 64, 0.0)
     assert len(lines) == 8 and all(line.endswith(f"({policy.CPU_RECIPE})") for line in lines)
     assert resolved(grpo, model="gpt2", lora_rank=16)[0].learning_rate == 2e-4  # measured with LoRA r16
+    assert resolved(grpo, model="gpt2", lora_rank=1)[0].learning_rate == 2e-4  # any rank is LoRA
     assert args.few_shot is None  # decided once the model is loaded: sampling.PromptFormat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolved(grpo, model="gpt2", cuda=False)[0].max_new_tokens == 16  # --no-cuda: the CPU's

@@ -95,7 +95,8 @@ def test_generation_stops_a_row_once_its_answer_has_ended(folders):
 
 def test_stop_mask_ends_at_the_token_that_completes_the_stop_string(folders):
     tokenizer = tokenizer_of(folders["gpt2"])
-    texts = [" 85\nQuestion: 1+2=", " 7\n\n12+30=42", "no newline here 12", "\n"]
+    # the last two hold the stop string in their first token
+    texts = [" 85\nQuestion: 1+2=", " 7\n\n12+30=42", "no newline here 12", "\n", "\n\n7 and more"]
     rows = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     width = max(map(len, rows))
     responses = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])

@@ -74,6 +74,23 @@ def test_first_update_ratio_is_one_with_dropout_in_the_config(module, folders):
     assert (ratio - 1).abs().max() < 1e-6
 
 
+def test_dropout_read_from_the_config_at_every_forward_is_off_too():
+    """Falcon reads its config's hidden_dropout at every forward pass (no Dropout module holds it): train mode must
+    still be the function that sampled."""
+    from transformers import AutoModelForCausalLM, FalconConfig
+
+    torch.manual_seed(0)
+    config = FalconConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          hidden_dropout=0.1, attention_dropout=0.1)
+    model = AutoModelForCausalLM.from_config(config)
+    before = model.config.to_dict()
+    policy.disable_dropout(model)
+    assert model.config.to_dict() == {**before, "hidden_dropout": 0.0, "attention_dropout": 0.0}  # nothing else
+    model.train()
+    ids = torch.randint(0, 64, (2, 9))
+    assert torch.equal(model(ids).logits, model(ids).logits)
+
+
 # ---------------------------------------------------------------- each architecture
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)

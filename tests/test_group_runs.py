@@ -69,7 +69,8 @@ EXTRA = {"lora": ["--lora-rank", "2", "--learning-rate", "1e-3"], "lag": ["--sam
                                                                             ("dapo", "bf16")])
 def test_a_run_stopped_and_resumed_is_the_uninterrupted_run(name, extra, in_process, stop_after):
     flags = FLAGS + EXTRA.get(extra, [])
-    straight, _ = in_process(name, flags, subdir="straight")
+    straight, out = in_process(name, flags, subdir="straight")
+    assert "stopped" not in out  # nothing to say of a stop that was not asked
     stop_after(2)
     stopped, out = in_process(name, flags, subdir="stopped")
     assert "stopped after iteration 2; resume with: python" in out and f"--resume runs/{stopped.name}" in out
@@ -333,16 +334,21 @@ def test_pass_at_k_unbiased_estimator_by_hand():
     assert runs.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)  # C(7, 5) = 21, C(10, 5) = 252
 
 
-def test_held_out_figures_and_the_console(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("sampled, line", [
+    # 3 prompts, 4 samples each: right 3, 0 and 4 times (a reward of 0.5 is not a right answer); held-out is the
+    # mean reward, (3 + 0.5 + 4) / 12; pass@1 = (3/4 + 0 + 1) / 3; pass@4 = (1 + 0 + 1) / 3
+    ([[1.0, 0, 1, 1], [0, 0, 0, 0.5], [1, 1, 1, 1]], "held-out 0.625 (greedy 0.333, pass@1 0.583, pass@4 0.667)"),
+    # 2 samples, right 1, 0 and 2 times: pass@1 = (1/2 + 0 + 1) / 3, pass@2 = (1 + 0 + 1) / 3
+    ([[0.0, 1], [0, 0], [1, 1]], "held-out 0.500 (greedy 0.333, pass@1 0.500, pass@2 0.667)"),
+    ([[1.0], [0], [0]], "held-out 0.333 (greedy 0.333)  (log: "),  # one sample: no pass@k to tell
+])
+def test_held_out_figures_and_the_console(sampled, line, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    # 3 prompts, 4 samples each: right 2, 0 and 4 times; greedy right on the first only
-    sampled = torch.tensor([[1.0, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]])
-    greedy = torch.tensor([[1.0], [0], [0]])
-    log = log_of("runs/run", evaluate=lambda: (sampled, greedy))
+    greedy = torch.tensor([[1.0], [0], [0]])  # right on the first prompt only
+    log = log_of("runs/run", evaluate=lambda: (torch.tensor(sampled), greedy))
     log.begin()
     log.close()
-    line = capsys.readouterr().out
-    assert line.startswith("iteration    0  held-out 0.500 (greedy 0.333, pass@1 0.500, pass@4 0.667)")
+    assert capsys.readouterr().out.startswith(f"iteration    0  {line}")
 
 
 def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):

@@ -324,6 +324,18 @@ def test_the_correction_follows_the_kind_of_mismatch():
         assert len(said) == (args.sampler_lag > 0 and "old_logprobs" not in fields), fields
     assert not sampling.sampler_differs("float32", 0) and sampling.sampler_differs("float32", 1)
     assert sampling.sampler_differs("bfloat16", 0) and not sampling.sampler_differs(None, 0)
+    # the console's lines say why
+    assert policy.resolve_defaults(grpo.Args(sampler_lag=2), beta=grpo.BETA)[-2:] == [
+        "--old-logprobs sampler  (the sampler is not the trainer: weights 2 updates old)",
+        "--correction none  (the sampler is not the trainer: weights 2 updates old)"]
+    assert policy.resolve_defaults(grpo.Args(sampler_dtype="bfloat16"), beta=grpo.BETA)[-1] == (
+        "--correction token-tis  (the sampler is not the trainer: a bfloat16 copy)")
+
+
+def test_the_rounds_of_dynamic_sampling_are_padded_to_the_widest():
+    one, two = torch.tensor([[1, 2]]), torch.tensor([[3, 4, 5], [6, 7, 8]])
+    assert sampling.pad_cat([one, two], 0, left=False).tolist() == [[1, 2, 0], [3, 4, 5], [6, 7, 8]]
+    assert sampling.pad_cat([two, one], 9, left=True).tolist() == [[3, 4, 5], [6, 7, 8], [9, 1, 2]]
 
 
 def test_gspo_logs_the_loss_its_gradient_sees_when_a_correction_drops_a_response():
