@@ -4,6 +4,7 @@ task on a random base model, a random chat model and, where it applies, the embe
 import json
 import os
 import random
+import types
 
 import pytest
 import torch
@@ -250,6 +251,23 @@ def test_every_training_prompt_is_checked_against_the_model_positions(tmp_path, 
         in_process("grpo", ["--task", str(task_file), "--num-iterations", "1"])
     assert str(e.value).startswith(f"error: the prompt of the question {long_question[:57] + '...'!r} is ")
     assert "exceeds the model's 64 positions" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_prompt_and_its_response_may_fill_the_positions_exactly(folders):
+    """check_lengths: the longest prompt, training questions drawn from a generator too, against the positions;
+    a response that fills them exactly fits, one token more is refused, naming the question (whole up to 60
+    characters, else its first 57 and "...")."""
+    tokenizer = tokenizer_of(folders["gpt2"])
+    for question in ("1+" * 29 + "=", "1+" * 29 + "1=", "1+" * 29 + "12=", "1+" * 29 + "123="):  # 59 to 62 chars
+        task = types.SimpleNamespace(name="long", prompts=lambda n, rng, q=question: [(q, "1")] * n)
+        prompt_format = sampling.PromptFormat(tokenizer, task, few_shot=0)
+        prompt_format.positions = 100
+        length = len(tokenizer(question)["input_ids"])
+        assert prompt_format.check_lengths(["1+1="], 100 - length) == length  # the held-out question is short
+        with pytest.raises(SystemExit) as e:
+            prompt_format.check_lengths(["1+1="], 101 - length)
+        shown = question if len(question) <= 60 else question[:57] + "..."
+        assert str(e.value).startswith(f"error: the prompt of the question {shown!r} is {length} tokens long")
 
 
 def get_task_split(question: str) -> str:
