@@ -235,8 +235,7 @@ class IterationLog:
             logged["perf/peak_gpu_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
         if getattr(self.args, "old_logprobs", None) == "sampler":  # π_old is μ: no gap to tell
             logged = {tag: v for tag, v in logged.items() if not tag.startswith("charts/sampler_gap")}
-        roofline = self.roofline is not None and "perf/decoding_rows" in logged
-        if roofline:
+        if self.roofline is not None:  # the work of rollout_stats against the machine's ceilings
             logged.update(self.roofline.figures(logged))
         logged = {tag: global_mean(value) for tag, value in logged.items()}
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
@@ -247,7 +246,7 @@ class IterationLog:
         done = iteration - self.first_iteration + 1
         eta = (time.time() - self.start) / done * (self.num_iterations - iteration)
         self.console.iteration(iteration, logged, losses, self.args, elapsed, eta, held_out)
-        if roofline and (due or iteration == self.first_iteration):
+        if self.roofline is not None and (due or iteration == self.first_iteration):
             print(self.roofline.line(logged), flush=True)
         self.console.warn_if_never_right(logged)
 

@@ -12,22 +12,23 @@ algorithm file, and puts the original back. A mutant is *killed* when a test fai
 longer imports), *survived* when every test passes, *timeout* when the tests run past the limit. Not part of
 CI (too slow); the README's testing section gives the command.
 
-What is mutated (REGIONS below): the code that carries math and normalisation, or decides a figure. Group files: the
-advantages, the KL estimator, the loss and its aggregation, log-probs at the temperature, the response mask,
+What is mutated (REGIONS below): the code that carries math and normalisation, or decides a figure. Group files:
+the advantages, the KL estimator, the loss and its aggregation, log-probs at the temperature, the response mask,
 scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and skipped
 steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the classic files:
 compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and the main loop from
 the rollout storage to the optimiser steps. In common/'s runtime (COMMON_FUNCTIONS): the minibatches and reductions
-across processes, the logged rollout statistics, the sampler gap, pass@k and the held-out figures, the prompts'
-text and the check of their length, reading prompts once, where a stop string cuts a response, the padding of
-DAPO's rounds, the sampler's copies, its corrections and their defaults, the decoding steps, the perf line, what
-each process holds, the defaults per model and machine, dropout off, the float32 output layer, and when a
-checkpoint is written or a stop is said. In common/tasks/: every function (the questions drawn, the splits, how an
-answer is read, the Countdown parser), each entry of the tables an answer is read with (TABLES: operators, words,
-units, invisible characters, LaTeX) and each member of their patterns' character classes ([...]), against
-tests/test_tasks.py. Not mutated: argument checks, the rest of loading and saving, generation, logging and what
-only feeds it (clip fractions, the lines under `with torch.no_grad()` that fill `stats`), printing; each has its
-own tests, and a mutant there tells nothing about the math.
+across processes, the logged rollout statistics and what each iteration logs (rates, ETA, peak memory, the perf
+line), the sampler gap, pass@k and the held-out figures, the prompts' text and the check of their length, reading
+prompts once, where a stop string cuts a response, the padding of DAPO's rounds, the sampler's copies, its
+corrections and their defaults, the decoding steps, the perf line, what each process holds, the defaults per model
+and machine, dropout off, the float32 output layer, and when a checkpoint is written or a stop is said. In
+common/tasks/: every function (the questions drawn, the splits, how an answer is read, the Countdown parser), each
+entry of the tables an answer is read with (TABLES: operators, words, units, invisible characters, LaTeX) and each
+member of their patterns' character classes ([...]), against tests/test_tasks.py. Not mutated: argument checks, the
+rest of loading and saving, generation, logging and what only feeds it (clip fractions, the lines under `with
+torch.no_grad()` that fill `stats`), printing; each has its own tests, and a mutant there tells nothing about the
+math.
 
 Two more restrictions keep the run near 2 hours on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
@@ -85,7 +86,7 @@ GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are 
 # the logged statistics, reading prompts once, the decoding steps, the perf line, memory, the defaults (docstring).
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
-    "common/runs.py": ["rollout_stats", "sampler_gap", "pass_at_k", "held_out"],
+    "common/runs.py": ["rollout_stats", "sampler_gap", "pass_at_k", "held_out", "end_iteration", "warn_if_never_right"],
     "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct", "bytes",
                            "refresh", "state_dict", "load_state_dict", "stop_mask", "_stop_string", "pad_cat",
                            "sampler_differs", "resolve_correction", "_default_few_shot", "texts", "check_lengths",
@@ -499,6 +500,8 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('common/sampling.py', 'training = [question for question, _ in self.task.prompts(1000, random.Random(EVAL_SEED))]',
      '1000 → 2000'):
         'harmless: a larger sample of a generator\'s questions, alike in length, is checked',
+    ('common/runs.py', 'self.never_right = self.never_right + 1 if never else -1', '-1 → -2'):
+        'equivalent: any negative count means "right once": it never reaches 3 again',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }

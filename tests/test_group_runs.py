@@ -351,6 +351,68 @@ def test_held_out_figures_and_the_console(sampled, line, tmp_path, monkeypatch, 
     assert capsys.readouterr().out.startswith(f"iteration    0  {line}")
 
 
+def test_each_iteration_logs_its_rates_its_loss_means_and_an_eta(tmp_path, monkeypatch, capsys):
+    """On a clock the test sets: a run resumed after iteration 2, of 4 responses of 3 tokens per iteration."""
+    monkeypatch.chdir(tmp_path)
+    now = [100.0]  # the run starts at 100 s
+    monkeypatch.setattr(runs.time, "time", lambda: now[0])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**30)
+    args = types.SimpleNamespace(num_iterations=6, eval_every=100, prompts_per_iteration=1, group_size=4,
+                                 gradient_checkpointing=False)
+    log = runs.IterationLog("runs/run", args, evaluate=None, first_iteration=3)
+    log.cuda = True
+    written = []
+    monkeypatch.setattr(log.board, "write", lambda figures, iteration: written.append(figures))
+    scalars = {"charts/train_accuracy": 0.5, "charts/response_length": 3.0, "charts/truncated_fraction": 0.0,
+               "charts/zero_signal_fraction": 0.0}
+    for iteration, start, end in ((3, 100.0, 104.0), (4, 104.0, 110.0)):
+        now[0] = start
+        log.begin_iteration(iteration)
+        now[0] = end
+        log.end_iteration(iteration, scalars, {"policy_loss": [0.1, 0.3], "clipfrac": []}, learning_rate=1e-3)
+    log.close()
+    first, second = written
+    assert first["losses/policy_loss"] == pytest.approx(0.2) and "losses/clipfrac" not in first  # means; none
+    assert (first["perf/iteration_seconds"], second["perf/iteration_seconds"]) == (4.0, 6.0)
+    assert (first["charts/tokens_per_second"], second["charts/tokens_per_second"]) == (3.0, 2.0)  # 3 × 4 / s
+    assert (first["charts/samples_per_second"], second["charts/samples_per_second"]) == (1.0, 4 / 6)
+    assert first["perf/peak_gpu_memory_gb"] == 3.0 and first["charts/learning_rate"] == 1e-3
+    # the ETA: the mean seconds of the iterations this run did, times those left: 4 × 3, then 10 / 2 × 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("ETA 12s") and lines[1].endswith("ETA 10s"), lines
+
+
+def test_every_logged_figure_is_the_mean_over_the_processes(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(runs, "global_mean", lambda value: value + 1000.0)  # as if another process logged more
+    log = log_of("runs/run", num_iterations=5, eval_every=100)
+    written = []
+    monkeypatch.setattr(log.board, "write", lambda figures, iteration: written.append(figures))
+    log.begin_iteration(1)
+    log.end_iteration(1, {"charts/train_accuracy": 0.5, "charts/response_length": 3.0,
+                          "charts/truncated_fraction": 0.0, "charts/zero_signal_fraction": 0.0},
+                      {"policy_loss": [0.5]}, learning_rate=1e-3)
+    log.close()
+    (figures,) = written
+    assert len(figures) > 5 and all(value >= 1000 for tag, value in figures.items() if tag != "charts/learning_rate")
+
+
+def test_the_perf_line_follows_the_first_iteration_and_each_evaluation(in_process):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, out = in_process("grpo", FLAGS)  # 4 iterations, evaluated at 2 and 4
+    lines = out.splitlines()
+    perf = [(lines[i - 1][:14], line) for i, line in enumerate(lines) if line.startswith("perf: ")]
+    assert [after for after, _ in perf] == ["iteration    1", "iteration    2", "iteration    4"], out
+    for _, line in perf:
+        assert re.fullmatch(r"perf: generate \S+ s \(\S+ GB/s, \d+% of a copy's\), log-probs \S+ s \(\S+% MFU\), "
+                            r"update \S+ s \(\S+% MFU\)", line), line
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    for tag in ("perf/generate_bytes_per_second", "perf/logprob_mfu", "perf/update_mfu"):
+        assert [e.step for e in events.Scalars(tag)] == [1, 2, 3, 4], tag
+
+
 def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
     import grpo
 
