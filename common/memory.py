@@ -92,7 +92,7 @@ def state_parts(model, ref_model, args, processes: int, cuda: bool) -> dict[str,
 
 # ---------------------------------------------------------------- the responses of one pass
 
-def pass_budget(gpu_memory: Optional[int], state: float) -> float:
+def pass_budget(gpu_memory: Optional[int], state: Optional[float]) -> float:
     """Bytes an update pass may take. On a CPU (gpu_memory None): a fixed budget, at most an eighth
     of the machine. On a GPU: half of what 90 % of the card leaves after the training state; the
     other half is for sampling, the allocator's slack and what the estimate misses."""
@@ -123,7 +123,7 @@ def what_helps(args) -> str:
     return ", ".join(helps + ["lower --max-new-tokens"])
 
 
-def refuse_what_does_not_fit(budget: float, per_response: float, state: float, gpu_memory,
+def refuse_what_does_not_fit(budget: float, per_response: float, state: Optional[float], gpu_memory,
                              helps: str) -> None:
     if gpu_memory is not None and budget < per_response:  # one line, not an out-of-memory error
         raise SystemExit(
@@ -140,10 +140,10 @@ def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int,
     device = next(model.parameters()).device
     per_response = response_bytes(args.max_new_tokens, prompt_tokens, args.group_size, model.config,
                                   2 if device.type == "cuda" else 4)
-    gpu_memory = None
+    gpu_memory = state = None  # a CPU's budget is fixed
     if device.type == "cuda":
         gpu_memory = torch.cuda.get_device_properties(device).total_memory
-    state = sum(state_parts(model, ref_model, args, processes, cuda=True).values()) if gpu_memory else 0.0
+        state = sum(state_parts(model, ref_model, args, processes, cuda=True).values())
     budget = pass_budget(gpu_memory, state)
     refuse_what_does_not_fit(budget, per_response, state, gpu_memory, what_helps(args))
     if args.micro_batch_size is not None:

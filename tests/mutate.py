@@ -17,18 +17,19 @@ the advantages, the KL estimator, the loss and its aggregation, log-probs at the
 scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's whole-step normaliser and skipped
 steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the classic files:
 compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and the main loop from
-the rollout storage to the optimiser steps. In common/'s runtime (COMMON_FUNCTIONS): the minibatches and reductions
-across processes, the logged rollout statistics and what each iteration logs (rates, ETA, peak memory, the perf
-line), the sampler gap, pass@k and the held-out figures, the prompts' text and the check of their length, reading
-prompts once, where a stop string cuts a response, the padding of DAPO's rounds, the sampler's copies, its
-corrections and their defaults, the decoding steps, the perf line, what each process holds, the defaults per model
-and machine, dropout off, the float32 output layer, and when a checkpoint is written or a stop is said. In
-common/tasks/: every function (the questions drawn, the splits, how an answer is read, the Countdown parser), each
-entry of the tables an answer is read with (TABLES: operators, words, units, invisible characters, LaTeX) and each
-member of their patterns' character classes ([...]), against tests/test_tasks.py. Not mutated: argument checks, the
-rest of loading and saving, generation, logging and what only feeds it (clip fractions, the lines under `with
-torch.no_grad()` that fill `stats`), printing; each has its own tests, and a mutant there tells nothing about the
-math.
+the rollout storage to the optimiser steps. In common/'s runtime (COMMON_FUNCTIONS): the minibatches and
+reductions across processes, the logged rollout statistics and what each iteration logs (rates, ETA, peak
+memory, the perf line), the sampler gap, pass@k and the held-out figures, the prompts' text and the check of
+their length, reading prompts once, where a stop string cuts a response, the padding of DAPO's rounds, the
+sampler's copies, its corrections and their defaults, the decoding steps, the perf line, what each process
+holds, the memory of a pass and its budget (CPU and card) with the refusal of what does not fit, the defaults
+per model and machine, dropout off, the float32 output layer, and when a checkpoint is written or a stop is
+said. In common/tasks/: every function (the questions drawn, the splits, how an answer is read, the Countdown
+parser), each entry of the tables an answer is read with (TABLES: operators, words, units, invisible characters,
+LaTeX) and each member of their patterns' character classes ([...]), against tests/test_tasks.py. Not mutated:
+argument checks, the rest of loading and saving, generation, logging and what only feeds it (clip fractions, the
+lines under `with torch.no_grad()` that fill `stats`), printing; each has its own tests, and a mutant there
+tells nothing about the math.
 
 Two more restrictions keep the run near 2 hours on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
@@ -97,7 +98,8 @@ COMMON_FUNCTIONS = {
     "common/policy.py": ["resolve_defaults", "forward", "float32_output_layer", "frozen_weights_to_bfloat16",
                          "disable_dropout"],
     "common/checkpoints.py": ["stopped", "after"],
-    "common/memory.py": ["gathered_weights", "training_state", "state_parts", "pass_size", "what_helps"],
+    "common/memory.py": ["response_bytes", "gathered_weights", "training_state", "state_bytes", "state_parts",
+                         "pass_budget", "pass_size", "what_helps", "refuse_what_does_not_fit", "responses_per_pass"],
 }
 COMMON = list(COMMON_FUNCTIONS)
 # The verifiers, every function of them: each result rests on their rewards (tests/test_tasks.py, values by hand).
@@ -149,8 +151,8 @@ TESTS = {
     # what each process holds and the pass sizes: their tests by hand, the holds line, the scale tool, the refusals
     "common/memory.py": ["tests/test_common.py", "tests/test_scale.py", "tests/test_gpu_check.py",
                          "tests/test_group_runs.py", "-k",
-                         "state or refused or pass_size or response_costs or fit_table or refusals "
-                         "or what_each_process_holds"],
+                         "state or refused or pass_size or budget or pass_on_a_card or response_costs or fit_table "
+                         "or refusals or what_each_process_holds"],
     # the decoding steps and the perf line: their own tests, and the samplings that go through them (greedy against
     # Hugging Face's generate, the draw's frequencies at a temperature)
     **{f: ["tests/test_decoding.py", "tests/test_group_prompts.py", "tests/test_sampler.py", "tests/test_common.py",

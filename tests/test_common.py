@@ -104,13 +104,29 @@ def test_the_pass_size_is_the_most_that_divides_the_minibatch_and_fits(minibatch
     assert memory.pass_size(minibatch, group_size, per_response, budget) == expected
 
 
+def a_machine_of(gib: float, monkeypatch) -> None:
+    """os.sysconf as the CPU's pass budget reads it, on a machine of `gib` GiB of pages of 4 KiB."""
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                            "SC_PHYS_PAGES": int(gib * 2**30) // 4096}[name])
+
+
+def test_the_cpu_pass_budget_is_2_gib_or_an_eighth_of_a_smaller_machine(monkeypatch):
+    a_machine_of(64, monkeypatch)
+    assert memory.pass_budget(None, None) == 2 * 2**30 == memory.CPU_PASS_BUDGET
+    a_machine_of(8, monkeypatch)
+    assert memory.pass_budget(None, None) == 2**30  # 8 GiB / 8
+
+
 def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
     """SmolLM2's shape, the CPU recipe's minibatch (2 groups of 8 responses of 16 tokens after 158 prompt tokens)
     fits whole; a GPT-2-124M shape with 256 tokens does not, and its passes are cut to fit."""
+    a_machine_of(24, monkeypatch)
     args, _ = resolved(grpo, model="gpt2", cuda=False)
     smollm2 = type("Model", (), {"config": Config(49152, 30, 576), "parameters": lambda self: iter([torch.zeros(1)])})()
     size, line = memory.responses_per_pass(args, smollm2, None, 158)
-    assert size == 16 and line[0].startswith("--micro-batch-size 16  (responses per pass: the most")
+    # 16 × 49,152 × 4 × 6 bytes of logits + (16 + 158 / 8) × 30 × 576 × 20 × 4 of activations = 65.1 MiB
+    assert (size, line) == (16, ["--micro-batch-size 16  (responses per pass: the most of the minibatch of 16 within "
+                                 "2.0 GiB, at an estimated 65 MB each for 16 + 158/8 tokens; common/results/memory.md)"])
     assert args.micro_batch_size is None  # the flag stays as typed: the run's start-up holds the size
     args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
     gpt2 = type("Model", (), {"config": Config(50257, 12, 768), "parameters": lambda self: iter([torch.zeros(1)])})()
@@ -145,7 +161,9 @@ def test_a_model_that_does_not_fit_is_refused_typed_micro_batch_or_not_with_flag
         args, _ = resolved(grpo, model="gpt2", micro_batch_size=typed)
         with pytest.raises(SystemExit) as e:
             memory.responses_per_pass(args, model, None, 64)
-        assert str(e.value).startswith("error: the training state (220.5 GiB) leaves less than a pass of one response")
+        # 16 × 152,064 × 4 × 6 bytes of logits + (16 + 64 / 8) × 48 × 5,120 × 20 × 2 (bfloat16) = 0.27 GiB
+        assert str(e.value).startswith("error: the training state (220.5 GiB) leaves less than a pass of one response "
+                                       "(an estimated 0.3 GiB, twice over: sampling) in 90 % of the card's 80 GiB: ")
         assert str(e.value).endswith(": train LoRA adapters (--lora-rank 16), shard over cards (torchrun "
                                      "--nproc_per_node N, --fsdp), lower --max-new-tokens")
     under_fsdp = types.SimpleNamespace(fsdp=True, lora_rank=0, sampler_dtype=None, sampler_lag=0)
@@ -155,6 +173,25 @@ def test_a_model_that_does_not_fit_is_refused_typed_micro_batch_or_not_with_flag
                                                "lower --max-new-tokens")
     small = on_a_card(100_000_000, Config(152064, 48, 5120), 80, monkeypatch)  # 1.5 GiB of state: fits
     assert memory.responses_per_pass(resolved(grpo, model="gpt2", micro_batch_size=4)[0], small, None, 64) == (4, [])
+
+
+def test_a_pass_on_a_card_fills_half_of_what_90_percent_of_it_leaves_by_hand(monkeypatch):
+    """On a 10 GiB card, 2^27 weights fully trained hold 16 bytes each, 2 GiB: the passes get (0.9 × 10 − 2) / 2 =
+    3.5 GiB. A response of 256 tokens after a prompt of 64 (groups of 8), a vocabulary of 2^15, 4 layers of width
+    1,024: 256 × 2^15 × 4 × 6 bytes of logits (192 MiB) and (256 + 64 / 8) × 4 × 1,024 × 20 values of 2 bytes
+    (41.25 MiB), 233.25 MiB: 15 would fit, so 8 (a group) of the minibatch of 64. A bfloat16 reference model of
+    2^29 weights (1 GiB) leaves (9 − 3) / 2 = 3 GiB: 13 would fit, still 8."""
+    model = on_a_card(2**27, Config(2**15, 4, 1024), 10, monkeypatch)
+    args, _ = resolved(grpo, model="gpt2", max_new_tokens=256, prompts_per_iteration=32, num_minibatches=4)
+    line = ("--micro-batch-size 8  (responses per pass: the most of the minibatch of 64 within {} GiB, at an "
+            "estimated 233 MB each for 256 + 64/8 tokens; common/results/memory.md)")
+    assert memory.responses_per_pass(args, model, None, 64) == (8, [line.format("3.5")])
+    reference = type("Model", (), {"parameters": lambda self: iter([Weight(2**29, False, element_size=2)])})()
+    assert memory.responses_per_pass(args, model, reference, 64) == (8, [line.format("3.0")])
+
+
+def test_a_budget_of_exactly_one_response_is_not_refused():
+    memory.refuse_what_does_not_fit(2**30, 2**30, 0.0, 4 * 2**30, "")  # one response fits, exactly
 
 
 def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch):
