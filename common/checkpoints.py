@@ -132,11 +132,7 @@ class Checkpoints:
                 for name, weight in self.trained().items():
                     weight.copy_(state["weights"][name])
             self.optimizer.load_state_dict(state["optimizer"])
-        random_file = os.path.join(path, f"random-{self.rank}.pt")
-        if not os.path.exists(random_file):
-            raise SystemExit(f"error: --resume {self.folder}: {random_file} is missing (was the run on as "
-                             "many processes? run it with the same torchrun --nproc_per_node)")
-        randoms = load(self.folder, random_file)
+        randoms = load(self.folder, os.path.join(path, f"random-{self.rank}.pt"))
         random.setstate(randoms["python"])
         np.random.set_state(randoms["numpy"])
         torch.set_rng_state(randoms["torch"])

@@ -1,18 +1,21 @@
 """The life of a run (common/runs.py), through the group files' own main blocks on the embedded model:
 a run stopped by SIGTERM and resumed is the uninterrupted run, bit for bit (every logged number, the final
-weights), in all five files, with full fine-tuning and with LoRA; a resumed run refuses a changed method flag; a
-checkpoint interrupted while written leaves the previous one whole; one-line errors (out of GPU memory, an
+weights), in all five files, with full fine-tuning and with LoRA; a checkpoint restores the weights, Adam's state
+and every random state; a resumed run refuses a changed method flag; a checkpoint interrupted while written or
+before it is named the latest leaves the previous one whole; one-line errors (out of GPU memory, an
 unwritable folder, no checkpoint); the status line of a long phase; pass@k; the run's name; the warning when
 nothing is ever right. The two-process resume is in tests/test_group_distributed.py."""
 
 import glob
 import io
 import os
+import random
 import re
 import signal
 import threading
 import types
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -202,6 +205,48 @@ def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoin
             signal.signal(number, handler)
 
 
+def test_a_checkpoint_restores_the_weights_adam_and_every_random_state(tmp_path, monkeypatch, capsys):
+    """Without a run: save, draw from every generator and take a step, restore. The weights, Adam's moments and
+    every generator (Python's, NumPy's, torch's, the prompt sampler's, a card's) are back as saved; the iteration
+    after the saved one is next. 2^18 float32 weights and Adam's two moments: 3 MiB on disk."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(checkpoints.sys, "argv", ["grpo.py"])
+    card = {"saved": [torch.tensor([7])], "restored": []}  # a card's generators, as torch.cuda keeps them
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: card["saved"])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", card["restored"].append)
+    handlers = {number: signal.getsignal(number) for number in (signal.SIGINT, signal.SIGTERM)}
+    model = torch.nn.Linear(512, 512, bias=False)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    optimizer.step()
+    os.makedirs("runs/run")
+    stops = checkpoints.Checkpoints("runs/run", model, optimizer, random.Random(3), types.SimpleNamespace(
+        num_iterations=9))
+    try:
+        stops.save(4)
+        assert capsys.readouterr().out == "checkpoint of iteration 4: runs/run/checkpoint-4 (3 MB)\n"
+
+        def draws():
+            return (random.random(), np.random.rand(), torch.rand(1).item(), stops.rng.random())
+
+        saved = (model.weight.clone(), {k: v.clone() for k, v in optimizer.state[model.weight].items()}, draws())
+        model(torch.randn(2, 512)).sum().backward()
+        optimizer.step()  # the weights, the moments and the generators move on
+        assert stops.restore() == 5
+        assert torch.equal(model.weight, saved[0])
+        assert all(torch.equal(optimizer.state[model.weight][k], v) for k, v in saved[1].items())
+        assert draws() == saved[2]
+        assert card["restored"] == [card["saved"]]
+        card["saved"] = None  # saved on a CPU, resumed on a card: its generators are left alone
+        stops.save(5)
+        stops.restore()
+        assert card["restored"] == [[torch.tensor([7])]]
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+
+
 def test_damaged_missing_moved_and_foreign_checkpoints_are_one_line(in_process, tmp_path, stop_after):
     stop_after(1)
     run, _ = in_process("grpo", FLAGS, subdir="a")
@@ -234,6 +279,9 @@ def test_damaged_missing_moved_and_foreign_checkpoints_are_one_line(in_process, 
     state.write_bytes(good)
     (run / "checkpoint-1" / "random-0.pt").write_bytes(b"not a checkpoint")
     assert "random-0.pt cannot be read, the checkpoint is damaged" in refusal("grpo", ["--resume", folder])
+    (run / "checkpoint-1" / "random-0.pt").unlink()
+    assert refusal("grpo", ["--resume", folder]) == (
+        f"error: --resume {folder}: {folder}/checkpoint-1/random-0.pt is missing")
     (run / "latest").write_text("checkpoint-7")
     assert refusal("grpo", ["--resume", folder]) == (
         f"error: --resume {folder}: {folder}/latest names 'checkpoint-7', which is not there (removed or moved?)")
@@ -257,27 +305,38 @@ def test_no_evaluation_flag_changes_a_number_of_training(in_process):
         assert all(torch.equal(weights(run)[key], value) for key, value in weights(runs_[0]).items())
 
 
-def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(in_process, monkeypatch):
+@pytest.mark.parametrize("killed", ["writing", "naming"])
+def test_a_checkpoint_interrupted_while_written_leaves_the_previous_one_whole(killed, in_process, monkeypatch):
     """--save-every 1: the checkpoint of iteration 1 is whole; writing iteration 2's is killed half way (after its
-    state, before the random states): `latest` still names iteration 1's, which is complete and resumes."""
-    real_save, saves = torch.save, []
+    state, before the random states), or once written, before `latest` names it: `latest` still names iteration
+    1's, which is complete and resumes, and the resumed run writes iteration 2's again over what was left."""
+    real = (torch.save, os.replace)
 
     def save(obj, path, *a, **k):
-        saves.append(path)
-        if "checkpoint-2" in str(path) and "random-" in str(path):
+        if killed == "writing" and "checkpoint-2" in str(path) and "random-" in str(path):
             raise KeyboardInterrupt  # as a kill mid-write would, the interpreter gone
-        return real_save(obj, path, *a, **k)
+        return real[0](obj, path, *a, **k)
+
+    def replace(source, destination):
+        if killed == "naming" and str(destination).endswith("latest") and "checkpoint-2" in open(source).read():
+            raise KeyboardInterrupt
+        return real[1](source, destination)
 
     monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(os, "replace", replace)
     with pytest.raises(KeyboardInterrupt):
         in_process("grpo", FLAGS + ["--save-every", "1"])
-    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(torch, "save", real[0])
+    monkeypatch.setattr(os, "replace", real[1])
     (name,) = os.listdir("runs")
     folder = os.path.join("runs", name)
     assert open(os.path.join(folder, "latest")).read() == "checkpoint-1"
     assert sorted(os.listdir(os.path.join(folder, "checkpoint-1"))) == ["random-0.pt", "state.pt"]
+    left = "checkpoint-2.tmp" if killed == "writing" else "checkpoint-2"
+    assert left in os.listdir(folder)
     _, out = in_process("grpo", ["--resume", folder])
     assert f"resumed {folder} after iteration 1" in out and "iteration    4/4" in out
+    assert open(os.path.join(folder, "latest")).read() == "checkpoint-4"
 
 
 def log_of(run_dir: str, num_iterations: int = 5, eval_every: int = 2, evaluate=lambda: None):
