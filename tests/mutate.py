@@ -92,7 +92,7 @@ COMMON_FUNCTIONS = {
     "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct", "bytes",
                            "refresh", "state_dict", "load_state_dict", "stop_mask", "_stop_string", "pad_cat",
                            "sampler_differs", "resolve_correction", "_default_few_shot", "texts", "check_lengths",
-                           "decode"],
+                           "decode", "__init__", "token_ids", "encode", "model", "trained", "_sample_with"],
     "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
                            "grouped_attention", "decoding_cache"],
     "common/perf.py": ["work", "figures"],

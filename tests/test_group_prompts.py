@@ -53,6 +53,26 @@ def test_chat_model_reads_its_examples_as_earlier_turns(folders):
     assert "Question:" not in text
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "qwen3"])
+def test_a_prompt_holds_one_bos_whether_the_tokenizer_or_the_chat_template_writes_it(arch, folders):
+    """A tokenizer that adds <s> to what it encodes (as Llama's does): a base model's prompt starts with it; a chat
+    template that writes it itself (as Llama 3's does) is not given a second one."""
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = tokenizer_of(folders[arch])
+    bos = tokenizer.convert_tokens_to_ids("<s>")
+    tokenizer.bos_token = "<s>"
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    if tokenizer.chat_template:
+        tokenizer.chat_template = "{{ bos_token }}" + tokenizer.chat_template
+    prompt_format = sampling.PromptFormat(tokenizer, TASKS["addition"], 0)
+    ids, mask = prompt_format.encode(["1+2=", "10+20="], "cpu")  # the prompts that sample
+    prompts = [row[row_mask.bool()].tolist() for row, row_mask in zip(ids, mask)]
+    prompts += prompt_format.token_ids(prompt_format.texts(["1+2="]))  # the lengths checked against the positions
+    for prompt in prompts:
+        assert prompt[0] == bos and prompt.count(bos) == 1
+
+
 @pytest.mark.parametrize("task_name, stop", [("addition", "\n"), ("countdown", "\n"), (EXAMPLE, "\n\n")])
 def test_base_model_gets_solved_training_examples_and_stops_where_the_answer_ends(folders, task_name, stop):
     tokenizer = tokenizer_of(folders["gpt2"])
