@@ -332,12 +332,21 @@ def load(args: ModelArgs, device):
         torch.set_num_threads(1)
     tokenizer, model = load_policy(args.model, device, args.float32_logits)
     if args.gradient_checkpointing:
-        model.activation_checkpointing_enable()  # in train mode only: the update, not sampling
+        checkpoint_activations(model)
     if args.lora_rank > 0:
         model = add_lora(model, args.lora_rank, args.lora_alpha)
         if device.type == "cuda":
             frozen_weights_to_bfloat16(model)
     return tokenizer, model
+
+
+def checkpoint_activations(model) -> None:
+    """--gradient-checkpointing: each block's activations recomputed in the backward pass instead of
+    kept (in train mode only: the update, not sampling)."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable()
+    else:  # the older name, the only one of transformers 5.17 (the GPU machine's, common/results/gpu.md)
+        model.gradient_checkpointing_enable()
 
 
 class Float32OutputLayer(torch.nn.Linear):

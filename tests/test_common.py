@@ -110,6 +110,42 @@ def a_machine_of(gib: float, monkeypatch) -> None:
                                                             "SC_PHYS_PAGES": int(gib * 2**30) // 4096}[name])
 
 
+def test_load_gives_an_embedded_model_one_thread_and_turns_on_what_the_flags_say(monkeypatch, tmp_path):
+    """policy.load: an embedded model on a CPU runs on one thread, as its results were measured, unless
+    OMP_NUM_THREADS is set; another model keeps torch's threads. --gradient-checkpointing and LoRA (of rank 1 too)
+    are on the model it returns; on a card LoRA's frozen base is stored in bfloat16 (loaded here on the CPU)."""
+    from peft import PeftModel
+
+    from hub_like_models import make_model_folder
+
+    real = make_model_folder("gpt2", tmp_path / "gpt2")
+    threads = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    try:
+        for model, env, expected in (("common/models/tiny_model", None, 1), (real, None, 2),
+                                     ("common/models/tiny_model", "2", 2)):
+            if env:
+                monkeypatch.setenv("OMP_NUM_THREADS", env)
+            torch.set_num_threads(2)
+            policy.load(resolved(grpo, model=model, cuda=False)[0], torch.device("cpu"))
+            assert torch.get_num_threads() == expected, model
+    finally:
+        torch.set_num_threads(threads)
+    for flags in (dict(), dict(gradient_checkpointing=True, lora_rank=1)):
+        _, model = policy.load(resolved(grpo, model=real, cuda=False, **flags)[0], torch.device("cpu"))
+        checkpointed = [getattr(m, "gradient_checkpointing", False) is True for m in model.modules()]
+        assert any(checkpointed) == bool(flags) and isinstance(model, PeftModel) == bool(flags)
+
+    def frozen_base(device):
+        _, model = policy.load(resolved(grpo, model=real, cuda=False, lora_rank=1)[0], torch.device(device))
+        return {p.dtype for name, p in model.named_parameters() if name.endswith("base_layer.weight")}
+
+    assert frozen_base("cpu") == {torch.float32}
+    on_the_cpu = policy.load_policy
+    monkeypatch.setattr(policy, "load_policy", lambda name, device, *rest: on_the_cpu(name, torch.device("cpu"), *rest))
+    assert frozen_base("cuda") == {torch.bfloat16}
+
+
 def test_the_cpu_pass_budget_is_2_gib_or_an_eighth_of_a_smaller_machine(monkeypatch):
     a_machine_of(64, monkeypatch)
     assert memory.pass_budget(None, None) == 2 * 2**30 == memory.CPU_PASS_BUDGET
@@ -125,8 +161,9 @@ def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
     smollm2 = type("Model", (), {"config": Config(49152, 30, 576), "parameters": lambda self: iter([torch.zeros(1)])})()
     size, line = memory.responses_per_pass(args, smollm2, None, 158)
     # 16 × 49,152 × 4 × 6 bytes of logits + (16 + 158 / 8) × 30 × 576 × 20 × 4 of activations = 65.1 MiB
-    assert (size, line) == (16, ["--micro-batch-size 16  (responses per pass: the most of the minibatch of 16 within "
-                                 "2.0 GiB, at an estimated 65 MB each for 16 + 158/8 tokens; common/results/memory.md)"])
+    assert (size, line) == (16, ["--micro-batch-size 16  (responses per pass: the most of the minibatch of 16 "
+                                 "within 2.0 GiB, at an estimated 65 MB each for 16 + 158/8 tokens; "
+                                 "common/results/memory.md)"])
     assert args.micro_batch_size is None  # the flag stays as typed: the run's start-up holds the size
     args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
     gpt2 = type("Model", (), {"config": Config(50257, 12, 768), "parameters": lambda self: iter([torch.zeros(1)])})()

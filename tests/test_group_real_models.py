@@ -346,7 +346,7 @@ def test_lora_with_gradient_checkpointing_gives_the_same_step(folders):
     for checkpointing in (False, True):
         tokenizer, model = policy.load_policy("gpt2", CPU, path=folders["gpt2"])
         if checkpointing:
-            model.activation_checkpointing_enable()
+            policy.checkpoint_activations(model)
         args = grpo.Args(lora_rank=4, beta=0.0, max_new_tokens=8, num_minibatches=1,
                          gradient_checkpointing=checkpointing, group_size=4, few_shot=0)
         torch.manual_seed(0)
