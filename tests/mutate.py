@@ -95,7 +95,7 @@ COMMON_FUNCTIONS = {
                            "decode", "__init__", "token_ids", "encode", "model", "trained", "_sample_with"],
     "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
                            "grouped_attention", "decoding_cache"],
-    "common/perf.py": ["work", "figures"],
+    "common/perf.py": ["work", "__init__", "figures", "line"],
     "common/policy.py": ["model_folder", "is_embedded", "resolve_defaults", "load", "checkpoint_activations", "forward",
                          "float32_output_layer", "frozen_weights_to_bfloat16", "disable_dropout", "add_lora"],
     "common/checkpoints.py": ["save", "restore", "stopped", "after"],

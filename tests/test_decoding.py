@@ -3,6 +3,7 @@ tokens, drops the steps taken after every response had ended; the decoding model
 grouped key/value heads are read in place; the cache holds the dtype attention reads. And the perf line's
 arithmetic (common/perf.py) against torch's own FLOP counter."""
 import random
+import types
 
 import pytest
 import torch
@@ -315,14 +316,31 @@ def test_the_reference_scores_too_and_lora_has_no_weight_gradients(qwen2):
     # μ's log-probs as π_old (--old-logprobs sampler): π_ref alone scores, or nothing does (no MFU to tell)
     assert mfu(lora_rank=0, beta=0.04, old_logprobs="sampler") == pytest.approx((scoring, update))
     assert mfu(lora_rank=0, beta=0.0, old_logprobs="sampler") == (None, pytest.approx(update))
-    assert mfu(lora_rank=16, beta=0.04) == pytest.approx((2 * scoring, 2 / 3 * update))
+    assert mfu(lora_rank=1, beta=0.04) == pytest.approx((2 * scoring, 2 / 3 * update))  # LoRA of any rank
     assert mfu(lora_rank=0, beta=0.0, update_epochs=2) == pytest.approx((scoring, 2 * update))
+    # a pass measured on its own (common/tools/gpu_check.py: flags without β or --old-logprobs): π_θold alone scores
+    alone = perf.Roofline(model, types.SimpleNamespace(update_epochs=1, lora_rank=0), cuda=False).figures(work)
+    assert (alone["perf/logprob_mfu"], alone["perf/update_mfu"]) == pytest.approx((scoring, update))
+
+
+def test_the_perf_line_by_hand(qwen2):
+    """Each phase's seconds (3 significant digits) and what it achieves: generation's GB/s and share of a copy's,
+    the passes' MFU (2 significant digits); a phase without its figure is left out."""
+    _, model = qwen2
+    line = perf.Roofline(model, grpo.Args(lora_rank=0), cuda=False).line
+    generate = {"perf/generate_seconds": 1.2345, "perf/generate_bytes_per_second": 12.3e9,
+                "perf/generate_bandwidth_share": 0.254}
+    passes = {"perf/logprob_seconds": 0.5, "perf/logprob_mfu": 0.123, "perf/update_seconds": 2.0,
+              "perf/update_mfu": 0.0456}
+    assert line({**generate, **passes}) == ("perf: generate 1.23 s (12 GB/s, 25% of a copy's), log-probs 0.5 s "
+                                            "(12% MFU), update 2 s (4.6% MFU)")
+    assert line(generate) == "perf: generate 1.23 s (12 GB/s, 25% of a copy's)"
+    assert line(passes) == "perf: log-probs 0.5 s (12% MFU), update 2 s (4.6% MFU)"
 
 
 def test_compiling_is_the_default_on_a_gpu_for_long_responses():
     """--compile-decoding left unset: compiled on a GPU from 128 tokens (a shape's compile repays itself), eager
     below it, under --fsdp (refused with it) and on any CPU, where nothing is said; a typed value is kept."""
-    import types
 
     def resolved(gpu, max_new_tokens, fsdp=False, typed=None):
         args = types.SimpleNamespace(compile_decoding=typed, max_new_tokens=max_new_tokens, fsdp=fsdp)
