@@ -93,8 +93,9 @@ COMMON_FUNCTIONS = {
                            "refresh", "state_dict", "load_state_dict", "stop_mask", "_stop_string", "pad_cat",
                            "sampler_differs", "resolve_correction", "_default_few_shot", "texts", "check_lengths",
                            "decode", "__init__", "token_ids", "encode", "model", "trained", "_sample_with"],
-    "common/decoding.py": ["resolve_compiling", "step", "finished", "decoding_step", "cast_weights", "decoding_model",
-                           "grouped_attention", "decoding_cache"],
+    "common/decoding.py": ["resolve_compiling", "__init__", "step", "finished", "compiled_step", "decoding_step",
+                           "autocast_dtype", "own_dtype_autocast", "cast_weights", "decoding_model", "casting_update",
+                           "cast_and_update", "output_layer_precision", "grouped_attention", "decoding_cache"],
     "common/perf.py": ["work", "__init__", "figures", "line"],
     "common/policy.py": ["model_folder", "is_embedded", "resolve_defaults", "load", "checkpoint_activations", "forward",
                          "float32_output_layer", "frozen_weights_to_bfloat16", "disable_dropout", "add_lora"],
@@ -521,6 +522,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     **{('common/policy.py', f'warnings.filterwarnings("ignore", message="{message}")', 'delete the statement'):
        'harmless: a warning of peft\'s left on the console, nothing computed otherwise'
        for message in ('fan_in_fan_out', '`is_gradient_checkpointing` is deprecated')},
+    ('common/decoding.py', 'self.logits = output.logits[:, -1].float().repeat_interleave(repeats, dim=0)', '-1 → 0'):
+        'equivalent: read_prompts keeps the logits of the last position alone (logits_to_keep=1)',
+    ('common/decoding.py', 'make_fallback(torch.ops.aten.cumsum, warn=False)', 'delete the statement'):
+        'harmless on a CPU, where inductor\'s C++ compiles the scan; the fallback is for Triton on a GPU, which '
+        'common/tools/gpu_check.py runs',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }

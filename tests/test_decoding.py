@@ -44,6 +44,39 @@ def draw(model, tokenizer, compiled: bool, autocast=None, max_new_tokens=10, gre
         return grpo.sample(model, prompt_format, prompts, args, CPU, num_samples=len(greedy), greedy=list(greedy))
 
 
+@pytest.mark.parametrize("compiled, new_tokens, columns", [(False, 10, 7 + 10), (True, 10, 64), (True, 60, 128)])
+def test_the_cache_and_its_mask_hold_the_prompts_and_the_responses(qwen2, compiled, new_tokens, columns):
+    """Eager: the prompts' columns and a column per new token. Compiled: that rounded up to a multiple of
+    COMPILED_COLUMNS (64), so that nearby lengths share a compiled step. The mask is as wide as the cache: 1 on the
+    prompts' tokens, 0 on the columns the steps write."""
+    tokenizer, model = qwen2
+    prompt_ids, prompt_mask = sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model).encode(PROMPTS,
+                                                                                                           CPU)
+    prompt_columns = prompt_ids.shape[1]
+    assert prompt_columns == 7  # "58+601=", the longest prompt, in this tokenizer's tokens
+    with torch.no_grad():
+        decoder = decoding.Decoder(model, prompt_ids, prompt_mask, repeats=2, new_tokens=new_tokens,
+                                   draw=grpo.sample_token, compiled=compiled)
+    assert decoder.cache.layers[0].keys.shape[2] == decoder.attention_mask.shape[1] == columns
+    assert torch.equal(decoder.attention_mask[:, :prompt_columns], prompt_mask.repeat_interleave(2, dim=0))
+    assert not decoder.attention_mask[:, prompt_columns:].any()
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_the_output_layer_multiplies_in_tf32_only_when_asked_and_the_flag_is_put_back(before):
+    """The compiled step's output layer: TF32 for OUTPUT_LAYER "tf32", IEEE float32 for "float32" and "bfloat16"
+    (whose product is not float32), whatever the flag was; the caller's flag back afterwards."""
+    suite = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = before
+    try:
+        for output_layer, tf32 in (("tf32", True), ("float32", False), ("bfloat16", False)):
+            with decoding.output_layer_precision(output_layer):
+                assert torch.backends.cuda.matmul.allow_tf32 is tf32
+            assert torch.backends.cuda.matmul.allow_tf32 is before
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = suite
+
+
 def test_compiled_steps_draw_the_tokens_eager_steps_draw_with_grouped_heads(qwen2_49k):
     """In float32 the compiled steps (grouped attention, the draw inside the step, the host asked every 8 tokens)
     write eager decoding's tokens for the same random numbers over a 49,152-token vocabulary, up to the step where
