@@ -18,19 +18,20 @@ scoring under π_θold and π_ref, the update loop (micro-batch weights, DAPO's 
 steps, gradient clipping), and DAPO's overlong penalty, dynamic sampling and loss mask. In the classic files:
 compute_gae, normalize, the losses, TRPO's conjugate gradient, step size and line search, and the main loop from
 the rollout storage to the optimiser steps. In common/'s runtime (COMMON_FUNCTIONS): the minibatches and
-reductions across processes, the logged rollout statistics and what each iteration logs (rates, ETA, peak
-memory, the perf line), the sampler gap, pass@k and the held-out figures, the prompts' text, their tokens and
-the check of their length, reading prompts once, where a stop string cuts a response, the padding of DAPO's
-rounds, the sampler's copies, its corrections and their defaults, the decoding steps, the perf line, what each
-process holds, the memory of a pass and its budget (CPU and card) with the refusal of what does not fit, the
-defaults per model and machine, what loading turns on (one thread, LoRA, gradient checkpointing, the frozen base
-in bfloat16), dropout off, the float32 output layer, what a checkpoint writes and restores (the weights, Adam's
-state, every random state), and when one is written or a stop is said. In common/tasks/: every function (the
-questions drawn, the splits, how an answer is read, the Countdown parser), each entry of the tables an answer is
-read with (TABLES: operators, words, units, invisible characters, LaTeX) and each member of their patterns'
-character classes ([...]), against tests/test_tasks.py. Not mutated: argument checks, the rest of loading and
-saving, generation, logging and what only feeds it (clip fractions, the lines under `with torch.no_grad()` that
-fill `stats`), printing; each has its own tests, and a mutant there tells nothing about the math.
+reductions across processes, the run's folder, the logged rollout statistics and what each iteration logs
+(rates, ETA, peak memory, the perf line), the sampler gap, pass@k and the held-out figures, the prompts' text,
+their tokens and the check of their length, reading prompts once, where a stop string cuts a response, the
+padding of DAPO's rounds, the sampler's copies, its corrections and their defaults, the decoding steps, the perf
+line, what each process holds, the memory of a pass and its budget (CPU and card) with the refusal of what does
+not fit, the defaults per model and machine, what loading turns on (one thread, LoRA, gradient checkpointing,
+the frozen base in bfloat16), dropout off, the float32 output layer, what a checkpoint writes and restores (the
+weights, Adam's state, every random state), and when one is written or a stop is said. In common/tasks/: every
+function (the questions drawn, the splits, how an answer is read, the Countdown parser), each entry of the
+tables an answer is read with (TABLES: operators, words, units, invisible characters, LaTeX) and each member of
+their patterns' character classes ([...]), against tests/test_tasks.py. Not mutated: argument checks, the rest
+of loading and saving, generation, logging and what only feeds it (clip fractions, the lines under `with
+torch.no_grad()` that fill `stats`), printing; each has its own tests, and a mutant there tells nothing about
+the math.
 
 Two more restrictions keep the run near 2 hours on 2 cores: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
@@ -88,7 +89,8 @@ GROUP_SKIP = []  # the logged statistics are mutated too: their definitions are 
 # the logged statistics, reading prompts once, the decoding steps, the perf line, memory, the defaults (docstring).
 COMMON_FUNCTIONS = {
     "common/processes.py": ["draw_minibatches", "_reduce", "global_mean", "global_fraction", "global_max"],
-    "common/runs.py": ["rollout_stats", "sampler_gap", "pass_at_k", "held_out", "end_iteration", "warn_if_never_right"],
+    "common/runs.py": ["folder", "rollout_stats", "sampler_gap", "pass_at_k", "held_out", "end_iteration",
+                       "warn_if_never_right"],
     "common/sampling.py": ["position_ids", "holds_stop", "shared_head", "read_prompts", "embed", "correct", "bytes",
                            "refresh", "state_dict", "load_state_dict", "stop_mask", "_stop_string", "pad_cat",
                            "sampler_differs", "resolve_correction", "_default_few_shot", "texts", "check_lengths",
@@ -123,9 +125,12 @@ REGIONS = {
                     blocks=[("# Groups without mixed answers", "# Log-probs of the sampled tokens")],
                     skip=GROUP_SKIP),
     **{f: dict(functions=functions, blocks=[], skip=[]) for f, functions in COMMON_FUNCTIONS.items()},
-    # the barriers between the processes' writes: a race, which no test run on one machine can pin
+    # the barriers between the processes' writes, process 0's run name sent to the others: races, which no test
+    # run on one machine can pin
     "common/checkpoints.py": dict(functions=COMMON_FUNCTIONS["common/checkpoints.py"], blocks=[],
                                   skip=[("if distributed:", "if ")]),
+    "common/runs.py": dict(functions=COMMON_FUNCTIONS["common/runs.py"], blocks=[],
+                           skip=[("if torch.distributed.is_initialized():  # the processes may straddle", "return ")]),
     **{f: dict(functions=None, blocks=[], skip=[]) for f in TASKS},  # None: every function
     **{f: dict(functions=CLASSIC_FUNCTIONS, blocks=CLASSIC_BLOCKS, skip=CLASSIC_SKIP) for f in CLASSIC},
 }

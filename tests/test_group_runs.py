@@ -482,6 +482,10 @@ def test_the_run_name_tells_runs_apart(tmp_path, monkeypatch):
     (tmp_path / first).mkdir(parents=True)
     monkeypatch.setattr(runs.time, "time", lambda: float(first.split("__")[-1]))  # the same second
     assert runs.folder(args, "addition2", "/repo/grpo.py") == first + "-2"
+    (tmp_path / f"{first}-2").mkdir()  # a third in that second
+    assert runs.folder(args, "addition2", "/repo/grpo.py") == first + "-3"
+    assert runs.folder(grpo.Args(model="gpt2", seed=3), "addition2", "/repo/grpo.py") == (
+        first.replace("grpo-lr1e-5__model", "grpo__gpt2"))  # no --exp-name; a hub id
     assert runs.folder(grpo.Args(resume=f"{first}/"), "addition2", "grpo.py") == first
     assert runs.folder(grpo.Args(resume=f"../elsewhere/{first}/"), "addition2", "grpo.py") == f"../elsewhere/{first}"
 
