@@ -1,7 +1,7 @@
 """The runtime of common/ (policy.py, memory.py, sampling.py, processes.py, runs.py): the defaults that depend on the
-model and the machine, what each process holds and the memory a pass may take, the refusal of what does not fit,
-the prompt format's default, the statistics every group file logs, and the draw of a token (grpo.py's sample_token,
-the same in every group file)."""
+model and the machine, what loading turns on, what each process holds and the memory a pass may take, the refusal
+of what does not fit, the prompt format's default, the statistics every group file logs, and the draw of a token
+(grpo.py's sample_token, the same in every group file)."""
 import os
 import re
 import shutil
@@ -104,12 +104,6 @@ def test_the_pass_size_is_the_most_that_divides_the_minibatch_and_fits(minibatch
     assert memory.pass_size(minibatch, group_size, per_response, budget) == expected
 
 
-def a_machine_of(gib: float, monkeypatch) -> None:
-    """os.sysconf as the CPU's pass budget reads it, on a machine of `gib` GiB of pages of 4 KiB."""
-    monkeypatch.setattr(memory.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
-                                                            "SC_PHYS_PAGES": int(gib * 2**30) // 4096}[name])
-
-
 def test_load_gives_an_embedded_model_one_thread_and_turns_on_what_the_flags_say(monkeypatch, tmp_path):
     """policy.load: an embedded model on a CPU runs on one thread, as its results were measured, unless
     OMP_NUM_THREADS is set; another model keeps torch's threads. --gradient-checkpointing and LoRA (of rank 1 too)
@@ -144,6 +138,12 @@ def test_load_gives_an_embedded_model_one_thread_and_turns_on_what_the_flags_say
     on_the_cpu = policy.load_policy
     monkeypatch.setattr(policy, "load_policy", lambda name, device, *rest: on_the_cpu(name, torch.device("cpu"), *rest))
     assert frozen_base("cuda") == {torch.bfloat16}
+
+
+def a_machine_of(gib: float, monkeypatch) -> None:
+    """os.sysconf as the CPU's pass budget reads it, on a machine of `gib` GiB of pages of 4 KiB."""
+    monkeypatch.setattr(memory.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096,
+                                                            "SC_PHYS_PAGES": int(gib * 2**30) // 4096}[name])
 
 
 def test_the_cpu_pass_budget_is_2_gib_or_an_eighth_of_a_smaller_machine(monkeypatch):
