@@ -885,11 +885,11 @@ def serve(workdir: str) -> None:
         file, timeout = json.loads(request)
         start = time.time()
         pid = os.fork()
-        if pid == 0:  # the child: its own process group (so a timeout kills its subprocesses too), quiet
-            os.setsid()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, 1)
-            os.dup2(devnull, 2)
+        if pid == 0:  # the child: its own process group (so a timeout kills its subprocesses too), its output
+            os.setsid()  # in DIR.log, beside the tree: read when the unmutated tests fail
+            log = os.open(workdir + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
             tests = [a for a in TESTS[file] if not a.endswith(".py") or os.path.exists(a)]  # test files not written yet
             os._exit(int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests])))
         outcome = "timeout"
@@ -929,6 +929,11 @@ class Worker:
             with open(path, "w", encoding="utf-8") as f:
                 f.write(original)
         return outcome, seconds
+
+    def output(self, lines: int = 40) -> str:
+        """The end of what pytest printed in the last run."""
+        with open(self.folder + ".log", encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -976,7 +981,9 @@ def main() -> None:
             outcome, seconds = worker.run(file, None, timeout=1800)
             workers.put(worker)
             if outcome != "passed":
-                raise SystemExit(f"error: the tests of {file} fail (or hang) without any mutant: fix them first")
+                verb = {"failed": "fail", "timeout": "hang"}[outcome]
+                raise SystemExit(f"{worker.output()}\nerror: the tests of {file} {verb} without any mutant (pytest's "
+                                 "last lines above): fix them first")
             limits[file] = args.timeout_factor * seconds + 30
             print(f"{file}: {len(mutants[file])} mutants; unmutated tests {seconds:.0f} s", flush=True)
 
