@@ -121,10 +121,11 @@ def sgd_step(module, model, rollout, args, seed: int = 2) -> dict:
 
 
 def direct_step(module, model, rollout, args) -> dict:
-    """θ − ∇loss with the loss computed in one piece on the whole batch, straight from policy_loss."""
+    """θ − ∇loss with the loss computed in one piece on the whole batch, straight from policy_loss (with the
+    rollout's correction weights, if any)."""
     logprobs = direct_logprobs(model, rollout.prompt_ids, rollout.prompt_mask, rollout.responses, rollout.mask)
     loss = module.policy_loss(logprobs, rollout.old_logprobs, rollout.advantages, rollout.mask,
                               ref_logprobs=rollout.ref_logprobs, beta=args.beta, kl_estimator=args.kl_estimator,
-                              **method_kwargs(module, args))
+                              weights=rollout.weights, **method_kwargs(module, args))
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return {name: (p - g).detach() for (name, p), g in zip(model.named_parameters(), grads)}
