@@ -448,6 +448,9 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('0 → 1', '== → !=')},
     ('dapo.py', 'sampling.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],', '0 → 1'):
         'equivalent: padding positions are masked out of the logged entropy',
+    ('dapo.py', 'sampling.pad_cat([s.logprobs for s in sampled], 0, left=False)[rows],', '0 → 1'):
+        'equivalent: padding positions are masked out of every use of the sampler\'s log-probs (π_θold with '
+        '--old-logprobs sampler, the sampler gap, the corrections\' ratios)',
     **{(file, 'clipped = ((ratio < 1 - args.clip_eps_low) | (ratio > 1 + args.clip_eps_high)).float()' + tail,
         mutation):
        'equivalent: differs only for a ratio of exactly 1 − ε_low or 1 + ε_high, and only in the logged clip fraction'

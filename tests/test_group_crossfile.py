@@ -468,10 +468,11 @@ def test_dapo_smoke_run_logs_dynamic_sampling(in_process):
 @pytest.mark.parametrize("max_new_tokens, buffer", [(8, 3), (20, 4), (5, 1)])
 def test_overlong_penalty_zero_linear_minus_one(max_new_tokens, buffer):
     """DAPO's soft overlong punishment (DAPO paper §3.4): no penalty up to L_max − L_cache tokens, then linear,
-    −1 at L_max: length L_max − L_cache + k gets −k/L_cache."""
+    −1 at L_max: length L_max − L_cache + k gets −k/L_cache; −1 past L_max, the paper's third case (here the cap
+    is L_max, so only a caller with longer responses meets it)."""
     start = max_new_tokens - buffer
-    lengths = torch.arange(0, max_new_tokens + 1, dtype=torch.float32)
-    expected = torch.tensor([0.0 if n <= start else -(n - start) / buffer for n in range(max_new_tokens + 1)])
+    lengths = torch.arange(0, max_new_tokens + 4, dtype=torch.float32)
+    expected = torch.tensor([0.0 if n <= start else max(-(n - start) / buffer, -1.0) for n in range(len(lengths))])
     penalty = dapo.overlong_penalty(lengths, max_new_tokens, buffer)
     torch.testing.assert_close(penalty, expected, rtol=0, atol=1e-7)
     assert penalty[start].item() == 0.0 and penalty[max_new_tokens].item() == -1.0
