@@ -442,10 +442,12 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('grpo.py', 'clipped = ((ratio - 1).abs() > args.clip_eps).float()', '> → >='):
         'equivalent: differs only for a ratio of exactly 1 ± ε, and only in the logged clip fraction',
-    **{('dapo.py', 'args.beta == 0)', mutation):
+    **{('dapo.py', 'skip_no_signal=args.beta == 0,', mutation):
        'equivalent in numbers: the groups without signal add exactly 0 when run (tested), and after dynamic '
        'sampling the batch holds them only as fillers; the skip saves their cost'
        for mutation in ('0 → 1', '== → !=')},
+    ('gspo.py', 'return -(per_response * (mask.sum(dim=1) > 0)).mean()', '.sum → .mean'):
+        'equivalent: a mask of 0s and 1s has a positive mean exactly where it has a positive sum',
     ('dapo.py', 'sampling.pad_cat([s.entropies for s in sampled], 0, left=False)[rows],', '0 → 1'):
         'equivalent: padding positions are masked out of the logged entropy',
     ('dapo.py', 'sampling.pad_cat([s.logprobs for s in sampled], 0, left=False)[rows],', '0 → 1'):

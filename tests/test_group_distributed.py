@@ -63,6 +63,20 @@ def test_a_corrections_weights_reach_the_update_step(module, micro_batch_size):
     assert any(not torch.allclose(unweighted[name], expected[name], atol=1e-5, rtol=0) for name in expected)
 
 
+@pytest.mark.parametrize("module", [dapo, gspo], ids=lambda m: m.__name__)
+def test_the_update_step_takes_each_clip_bound_from_its_own_flag(module):
+    """ε_low = 0.05 and ε_high = 0.3, bounds that the rollout's ratios fall between (GSPO's own, 3e-4 and 4e-4,
+    clip all its sequence ratios alike either way): update_policy hands each flag to its own argument."""
+    model = tiny_gpt2()
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    rollout = fixed_rollout(module, model)
+    expected = direct_step(module, model, rollout, update_args(module, clip_eps_low=0.05, clip_eps_high=0.3))
+    swapped = direct_step(module, model, rollout, update_args(module, clip_eps_low=0.3, clip_eps_high=0.05))
+    assert any(not torch.allclose(swapped[name], expected[name], atol=1e-5, rtol=0) for name in expected)
+    actual = sgd_step(module, model, rollout, update_args(module, 2, clip_eps_low=0.05, clip_eps_high=0.3))
+    assert_same_parameters(actual, expected, initial)
+
+
 @pytest.fixture(scope="module")
 def torchrun(tmp_path_factory):
     """One torchrun launch of 2 processes (see torchrun_worker.py): the steps to compare, and every file's run."""

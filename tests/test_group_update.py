@@ -69,6 +69,9 @@ def formula_loss(name, logprobs, old, advantages, mask, ref=None, beta=0.0, esti
     per_response, total_tokens = [], sum(lengths)
     for i, tokens in enumerate(real):
         a = advantages[i]
+        if not tokens:  # a response a correction masked whole: no term, but one of the N responses
+            per_response.append(0.0 * a)
+            continue
         kl = ([k_estimator(logprobs[i, t], ref[i, t], estimator) for t in tokens] if beta > 0
               else [0.0 * a] * len(tokens))
         if name == "gspo":  # eq. (107), (109): one geometric-mean ratio per response, clipped per response
@@ -170,6 +173,26 @@ def test_a_corrections_weights_are_taken_where_the_formula_says(name):
     torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
     assert code(logprobs, torch.ones_like(mask)) == code(logprobs, None)
     assert not torch.allclose(loss, code(logprobs, None))
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_a_response_masked_whole_adds_nothing_but_counts(name):
+    """A correction may mask every token of a response (common/sampling.py's seq-mis, geo-mask): the response adds
+    nothing to the objective, value or gradient, and still counts among the N of the mean over responses (DAPO:
+    its normaliser counts tokens). Its advantage is not 0, so a sequence ratio exp(0) = 1 left in would show."""
+    module, hp = MODULES[name], HPARAMS[name]
+    logprobs, old, advantages, mask, ref = random_batch(5)
+    mask[2] = 0
+    assert advantages[2] != 0
+
+    def code(x):
+        return module.policy_loss(x, old, advantages, mask, ref_logprobs=ref, beta=0.1, **hp)
+
+    loss, grad = value_and_grad(code, logprobs)
+    expected_loss, expected_grad = value_and_grad(
+        lambda x: formula_loss(name, x, old, advantages, mask, ref=ref, beta=0.1, **hp), logprobs)
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("name", list(MODULES))
