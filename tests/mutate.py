@@ -58,6 +58,7 @@ harmless: EQUIVALENT lists those, with the reason, and the report marks them.
 
 import argparse
 import ast
+import contextlib
 import json
 import os
 import queue
@@ -149,9 +150,16 @@ TESTS = {
                               "-k", GROUP_TESTS[-1]
                               + " and not end_to_end and not every_task and not embedded and not fills_a_row"]
        for f in COMMON},
+    # The sampler and the run's figures: their own tests first (a mutant dies sooner), then the group files' that
+    # call them, without the two-process launch (19 s a mutant; only the reductions of processes.py need it).
+    "common/sampling.py": ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_prompts.py",
+                           "tests/test_decoding.py", *GROUP_TESTS[:-2], "tests/test_group_real_models.py",
+                           "tests/test_group_bf16.py", "tests/test_scale.py", "-k", GROUP_TESTS[-1]
+                           + " and not end_to_end and not every_task and not embedded and not fills_a_row"
+                           + " and not logged_fractions"],
     # pass@k and the held-out figures: their tests by hand and the console's evaluation line
-    "common/runs.py": GROUP_TESTS[:-2] + ["tests/test_sampler.py", "tests/test_common.py", "tests/test_group_runs.py",
-                                          "-k", GROUP_TESTS[-1] + " and not end_to_end"],
+    "common/runs.py": ["tests/test_common.py", "tests/test_group_runs.py", "tests/test_sampler.py", *GROUP_TESTS[:-2],
+                       "-k", GROUP_TESTS[-1] + " and not end_to_end and not logged_fractions"],
     # the defaults per model and machine, the float32 output layer, the frozen weights in bfloat16, no dropout
     "common/policy.py": ["tests/test_common.py", "tests/test_sampler.py", "tests/test_group_bf16.py",
                          "tests/test_group_cli.py", "tests/test_group_real_models.py", "-k",
@@ -907,7 +915,22 @@ def serve(workdir: str) -> None:
         else:
             os.killpg(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+        end_leftovers(workdir)
         print(json.dumps([outcome, time.time() - start]), flush=True)
+
+
+def end_leftovers(workdir: str) -> None:
+    """torchrun starts its workers in sessions of their own, which killpg does not reach: a mutant that hangs them
+    would leave them waiting forever. End every process still running a file of this tree."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                arguments = f.read().decode(errors="replace").split("\0")
+        except OSError:  # ended meanwhile
+            continue
+        if any(a.startswith(workdir + os.sep) for a in arguments):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
 
 
 class Worker:
