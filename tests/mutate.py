@@ -1,7 +1,7 @@
 """Mutation testing of the nine algorithm files, the runtime of common/ and the tasks' verifiers: break the math on
 purpose, one place at a time, and check that the test suite notices.
 
-    python -m tests.mutate                          # every file: about 2 hours on 2 cores
+    python -m tests.mutate                          # every file: several hours on 2 cores (README)
     python -m tests.mutate --files dapo.py trpo.py  # some files
     python -m tests.mutate --list                   # the mutants, without running anything
     python -m tests.mutate --only dapo.py:12 ...    # some mutants (ids as --list prints them)
@@ -33,7 +33,7 @@ of loading and saving, generation, logging and what only feeds it (clip fraction
 torch.no_grad()` that fill `stats`), printing; each has its own tests, and a mutant there tells nothing about
 the math.
 
-Two more restrictions keep the run near 2 hours on 2 cores: a line that a sibling shares with grpo.py (group) or
+Two more restrictions keep the run shorter: a line that a sibling shares with grpo.py (group) or
 ppo.py (classic), comments aside, is mutated in grpo.py / ppo.py only (the tests that pin it are parametrized over
 the files, and tests/test_classic_losses.py checks the shared helpers verbatim; --all-copies mutates every copy),
 and shape arguments (dim=, .view(-1), .unsqueeze(1)) are left alone (a wrong one is a shape error).
@@ -545,6 +545,10 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     ('common/decoding.py', 'make_fallback(torch.ops.aten.cumsum, warn=False)', 'delete the statement'):
         'harmless on a CPU, where inductor\'s C++ compiles the scan; the fallback is for Triton on a GPU, which '
         'common/tools/gpu_check.py runs',
+    ('common/runs.py', 'if not self.is_main:', 'delete the if'):
+        'untested here, under torchrun only: one process is always process 0. The two-process launch of '
+        'tests/test_group_distributed.py kills it (a full run at ea3d81b); it is left out of runs.py\'s tests, 19 s '
+        'a mutant',
     ('common/processes.py', 'total = total.to("cuda" if nccl else "cpu")', 'delete the statement'):
         'harmless on gloo (the tensor is already on the CPU); NCCL refuses a CPU tensor at once, loudly',
 }
