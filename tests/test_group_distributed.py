@@ -46,9 +46,8 @@ def test_update_step_equals_the_loss_formula_step_with_and_without_micro_batches
     assert_same_parameters(actual, expected, initial)
 
 
-@pytest.mark.parametrize("micro_batch_size", [None, 2])
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
-def test_a_corrections_weights_reach_the_update_step(module, micro_batch_size):
+def test_a_corrections_weights_reach_the_update_step(module):
     """A sampler that is not π_θold (common/sampling.py's correct): update_policy hands each pass its rows of the
     rollout's per-token weights, and the step is that of policy_loss given all of them at once."""
     model = tiny_gpt2()
@@ -57,7 +56,7 @@ def test_a_corrections_weights_reach_the_update_step(module, micro_batch_size):
     weights = 0.3 + 1.7 * torch.rand(rollout.mask.shape, generator=torch.Generator().manual_seed(5))
     rollout = rollout._replace(weights=weights)
     expected = direct_step(module, model, rollout, update_args(module))
-    actual = sgd_step(module, model, rollout, update_args(module, micro_batch_size))
+    actual = sgd_step(module, model, rollout, update_args(module, 2))  # in passes of 2 responses
     assert_same_parameters(actual, expected, initial)
     unweighted = direct_step(module, model, rollout._replace(weights=None), update_args(module))
     assert any(not torch.allclose(unweighted[name], expected[name], atol=1e-5, rtol=0) for name in expected)
