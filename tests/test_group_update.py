@@ -177,9 +177,10 @@ def test_a_corrections_weights_are_taken_where_the_formula_says(name):
 
 @pytest.mark.parametrize("name", list(MODULES))
 def test_a_response_masked_whole_adds_nothing_but_counts(name):
-    """A correction may mask every token of a response (common/sampling.py's seq-mis, geo-mask): the response adds
-    nothing to the objective, value or gradient, and still counts among the N of the mean over responses (DAPO:
-    its normaliser counts tokens). Its advantage is not 0, so a sequence ratio exp(0) = 1 left in would show."""
+    """A correction may mask every token of a response (common/sampling.py's sequence-mis, sequence-geo-reject):
+    the response adds nothing to the objective, value or gradient, and still counts among the N of the mean over
+    responses (DAPO: its normaliser counts tokens). Its advantage is not 0, so a sequence ratio exp(0) = 1 left in
+    would show."""
     module, hp = MODULES[name], HPARAMS[name]
     logprobs, old, advantages, mask, ref = random_batch(5)
     mask[2] = 0
