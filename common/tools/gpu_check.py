@@ -2,7 +2,7 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check --out gpu.md                     # one GPU: about 8 minutes
+    python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 12 minutes
     python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
     python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
 
@@ -62,8 +62,9 @@ SHAPES = {
                 card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
                 runs=["--num-iterations", "2", "--eval-size", "1", "--no-compile-decoding"]),
 }
-# Each step's limit in seconds: 470 in all, so that with the models' building (~20 s) the check fits a call of 8
-# minutes to a lent GPU. Seen on an H200 (results/gpu.md): a compile of Qwen2.5-0.5B's decoding step 29-38 s.
+# Each step's limit in seconds: 670 in all, so that with the models' building (~20 s) the whole check ends within
+# 12 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
+# a compile of Qwen2.5-0.5B's decoding step 29-38 s.
 STEP_SECONDS = {"machine": 15, "generation": 210, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
                 "hf": 60, "refusals": 15, "embedded": 60}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
