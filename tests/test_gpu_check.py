@@ -73,6 +73,45 @@ def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, option
     assert os.path.isfile(os.path.join(options.profiles, "profile_float32.txt"))
 
 
+def test_the_draw_step_sets_the_blocked_candidate_beside_sample_token(options):
+    """Both draws compiled on one step's peaked logits: the candidate draws sample_token's tokens and neither draws a
+    token of probability 0, a sixth of the vocabulary masked."""
+    table = rows(gpu_check.step_draw(SHAPES, {}, options))
+    assert [row[0] for row in table] == ["sample_token (torch's scan)", "blocked_draw"]
+    for _, milliseconds, alike, zero in table:
+        assert float(milliseconds) > 0 and alike == "100.00%" and zero == "0"
+
+
+@pytest.mark.parametrize("vocab", [5000, 4096])  # the last block padded, or whole
+def test_the_blocked_draw_is_sample_tokens_draw_and_never_of_probability_0(vocab):
+    """blocked_draw (the draw step's candidate) draws the token sample_token draws for the same uniform, with its
+    log-probability and entropy, and no token of probability 0: masked leading blocks, a block's masked last tokens,
+    masked first tokens, u = 0 and u just under 1 (where the two sums may part by a rounding: any token of π > 0)."""
+    import grpo
+
+    generator = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(24, vocab, generator=generator)
+    logits[:8, : 3 * 1024] = -float("inf")  # the first three blocks
+    logits[8:16, 1000:1024] = logits[8:16, :3] = -float("inf")  # a block's last tokens, the first tokens
+    logits[16:, :] = -float("inf")  # a few tokens of probability > 0, far apart
+    logits[16:, [5, 2047, vocab - 1]] = torch.tensor([0.0, 1.0, 2.0])
+    greedy = torch.zeros(24, dtype=torch.bool)
+    greedy[-1] = True
+    pi = torch.softmax(logits, dim=-1)
+    for k in range(12):
+        u = torch.rand(24, 1, generator=generator, dtype=torch.float64)
+        token, logprob, entropy = gpu_check.blocked_draw(logits, greedy, u)
+        expected = grpo.sample_token(logits, greedy, u)
+        assert torch.equal(token, expected[0]), k
+        torch.testing.assert_close((logprob, entropy), expected[1:], rtol=0, atol=0)
+    one = torch.ones((), dtype=torch.float64)
+    for u in (0 * one, torch.nextafter(one, 0 * one)):
+        token = gpu_check.blocked_draw(logits, greedy, u.expand(24, 1))[0]
+        assert (pi.gather(1, token.unsqueeze(1)) > 0).all()
+    ends = gpu_check.blocked_draw(logits, torch.zeros_like(greedy), torch.tensor([[0.0], [1.0]]).double().repeat(12, 1))
+    assert ends[0][16:].tolist() == [5, vocab - 1] * 4  # the first and the last token of π > 0
+
+
 def test_the_runs_report_their_figures(folders, options):
     (embedded, cpu) = rows(gpu_check.step_embedded(SHAPES, folders, options))
     assert embedded[1] == "1" and float(embedded[2]) > 0 and 0 <= float(embedded[3].split()[0]) <= 1

@@ -2,7 +2,7 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 12 minutes
+    python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 13 minutes
     python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
     python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
 
@@ -32,6 +32,9 @@ beside it, so a check cut short keeps what it measured. The steps, most valuable
 7. refusals that stay one line on a GPU: a pass size that does not divide the minibatch, and Qwen2.5-7B and -14B
    fully fine-tuned on one card (refused where the training state leaves no room for a pass).
 8. embedded: `python grpo.py` with no flag: seconds per iteration and the held-out accuracy, beside the CPU's.
+9. draw: the draw alone on one decoding step's logits, sample_token compiled (torch's own float64 scan over the
+   vocabulary, 17 % of the compiled step on the second H200) beside blocked_draw, a candidate that scans blocks
+   of 1,024 tokens: milliseconds a draw, the share of sample_token's tokens drawn alike, tokens of probability 0.
 """
 
 import argparse
@@ -53,20 +56,21 @@ ENTROPY = 0.7  # nats: SmolLM2-135M-Instruct's mean entropy per sampled token at
 # What each step runs on: a GPU, or the dry run's tiny shapes on the CPU (B prompts × G responses, T new tokens).
 SHAPES = {
     "gpu": dict(model="qwen2.5-0.5b", B=32, G=8, T=256, output_layers=["float32", "bfloat16", "tf32"], hf_compile=True,
+                vocab=151936,
                 scale=("qwen2.5-0.5b", []), large=("qwen2.5-1.5b", ["--prompts-per-iteration", "8", "--group-size",
                                                                     "16", "--max-new-tokens", "512"]),
                 card="gpt2-124m", embedded=[], runs=["--num-iterations", "2", "--eval-size", "1"]),
-    "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, output_layers=["float32"], hf_compile=False,
+    "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, output_layers=["float32"], hf_compile=False, vocab=5000,
                 scale=("qwen2.5-tiny", ["--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
                 large=("gpt2-tiny", ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "8"]),
                 card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
                 runs=["--num-iterations", "2", "--eval-size", "1", "--no-compile-decoding"]),
 }
-# Each step's limit in seconds: 670 in all, so that with the models' building (~20 s) the whole check ends within
-# 12 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
+# Each step's limit in seconds: 730 in all, so that with the models' building (~20 s) the whole check ends within
+# 13 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
 # a compile of Qwen2.5-0.5B's decoding step 29-38 s.
 STEP_SECONDS = {"machine": 15, "generation": 210, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
-                "hf": 60, "refusals": 15, "embedded": 60}
+                "hf": 60, "refusals": 15, "embedded": 60, "draw": 60}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
 EMBEDDED_ON_CPU = "| a CPU core (common/results/group.md) | 150 | 0.17 | 0.908 (the mean of the last 3 evaluations) |"
 
@@ -471,6 +475,99 @@ def step_numerics(shapes, folders, options) -> list[str]:
     return lines
 
 
+def blocked_draw(logits, greedy, u, block: int = 1024):
+    """A candidate for the group files' draw (sample_token), measured by the draw step and used by no file yet: the
+    same token, the first whose cumulative probability exceeds u·Σπ, found with two short scans instead of one over
+    the whole vocabulary: the block of `block` tokens where the CDF crosses the target, then the token inside it. On
+    the second H200 the float64 scan over 151,936 entries took 17 % of the compiled decoding step (results/gpu.md).
+    A token of probability 0 is never drawn: the counts skip them, and the last clamp keeps a rounding of the block
+    sums against the block's own scan (1e-16) inside the block's tokens of positive probability."""
+    import torch
+    import torch.nn.functional as F
+
+    log_pi = torch.log_softmax(logits, dim=-1)
+    pi = log_pi.exp()
+    vocab = pi.shape[-1]
+    blocks = F.pad(pi, (0, -vocab % block)).unflatten(-1, (-1, block))  # [N, blocks, block], padded with 0
+    ends = blocks.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # [N, blocks]: the CDF at each block's end
+    target = u * ends[:, -1:]  # [N, 1]
+    chosen = (ends <= target).sum(dim=-1, keepdim=True).clamp(max=ends.shape[-1] - 1)  # [N, 1]
+    start = torch.where(chosen > 0, ends.gather(1, (chosen - 1).clamp(min=0)), 0.0)  # the CDF before it
+    inside = blocks.gather(1, chosen.unsqueeze(-1).expand(-1, 1, block)).squeeze(1)  # [N, block]
+    within = (inside.cumsum(dim=-1, dtype=torch.float64) <= target - start).sum(dim=-1)
+    last = (torch.arange(block, device=pi.device) * (inside > 0)).amax(dim=-1)  # its last token of π > 0
+    drawn = chosen.squeeze(1) * block + torch.minimum(within, last)
+    token = torch.where(greedy, logits.argmax(dim=-1), drawn)
+    return token, log_pi.gather(1, token.unsqueeze(1)).squeeze(1), torch.special.entr(pi).sum(dim=-1)
+
+
+def peaky_logits(rows: int, vocab: int, device, entropy: float = ENTROPY):
+    """[rows, vocab] random logits scaled until softmax's mean entropy is `entropy` (a trained model's)."""
+    import torch
+
+    logits = torch.randn(rows, vocab, generator=torch.Generator(device).manual_seed(0), device=device)
+    low, high = 0.1, 100.0  # the entropy falls as the scale grows
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        mean = torch.special.entr(torch.softmax(middle * logits, dim=-1)).sum(dim=-1).mean()
+        low, high = (middle, high) if mean > entropy else (low, middle)
+    return high * logits
+
+
+def step_draw(shapes, folders, options) -> list[str]:
+    """The draw alone, on one decoding step's logits (B·G rows over Qwen2.5's vocabulary, peaked to SmolLM2's
+    entropy): sample_token compiled as the decoding step compiles it (torch's own scan), beside blocked_draw compiled
+    without that fallback. Per row: milliseconds a draw, the share of sample_token's tokens drawn alike over 14
+    random uniforms a row, and the tokens of probability 0 drawn (must be 0) at those and at both ends of the CDF
+    (u = 0 and 1 − 2⁻⁵³, where the two orders of summing may part by a rounding)."""
+    import torch
+
+    import grpo
+    from common import decoding
+
+    device, _ = device_and_autocast()
+    cuda = device.type == "cuda"
+    rows, vocab = shapes["B"] * shapes["G"], shapes["vocab"]
+    logits = peaky_logits(rows, vocab, device)
+    logits[:, vocab // 3: vocab // 2] = -float("inf")  # whole blocks of probability 0, as a masked vocabulary has
+    greedy = torch.zeros(rows, dtype=torch.bool, device=device)
+    uniforms = torch.rand(16, rows, 1, generator=torch.Generator(device).manual_seed(1), device=device,
+                          dtype=torch.float64)
+    uniforms[0] = 0.0  # both ends of the CDF
+    one = torch.ones((), dtype=torch.float64, device=device)
+    uniforms[1] = torch.nextafter(one, 0 * one)
+    mode = "reduce-overhead" if cuda else None
+    drawn, seconds = {}, {}
+    for name, draw in (("blocked_draw", blocked_draw), ("sample_token", grpo.sample_token)):
+        if name == "sample_token":  # torch's own scan for cumsum, as the decoding step compiles it; after
+            decoding.compiled_step(cuda)  # blocked_draw's compile, which inductor's short scans serve
+        compiled = torch.compile(draw, mode=mode, dynamic=False)
+
+        def call(u, compiled=compiled):
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(logits, greedy, u)[0].clone()
+
+        try:
+            call(uniforms[2])  # compiles
+            drawn[name] = torch.stack([call(u) for u in uniforms])  # [16, rows]
+            _, seconds[name] = timed(lambda: call(uniforms[2]), device, repeats=21)
+        except Exception as e:  # one draw's failure (a compile, say) leaves the other's row
+            drawn[name] = f"failed: {type(e).__name__}: {str(e)[:150]}"
+    lines = [f"{rows} rows × {vocab} tokens, softmax's entropy {ENTROPY} nats (a trained model's), a sixth of the "
+             "tokens masked:", "", "| draw, compiled | ms a draw | sample_token's tokens | tokens of probability 0 |",
+             "|---|---|---|---|"]
+    pi = torch.softmax(logits, dim=-1)
+    for name, what in (("sample_token", "sample_token (torch's scan)"), ("blocked_draw", "blocked_draw")):
+        if isinstance(drawn[name], str):
+            lines.append(f"| {what} | {drawn[name]} | | |")
+            continue
+        alike = "-" if isinstance(drawn["sample_token"], str) else (
+            drawn[name][2:] == drawn["sample_token"][2:]).float().mean()  # the random uniforms
+        zero = int((pi.gather(1, drawn[name].T) == 0).sum())
+        lines.append(f"| {what} | {seconds[name] * 1e3:.3f} | {alike if alike == '-' else f'{alike:.2%}'} | {zero} |")
+    return lines
+
+
 def step_hf(shapes, folders, options) -> list[str]:
     """Hugging Face's generate on the generation step's batch, the model in bfloat16 as its documentation loads it:
     as it comes, and with the static cache (which compiles the forward on a GPU, as the documentation recommends;
@@ -545,7 +642,7 @@ def step_refusals(shapes, folders, options) -> list[str]:
 
 STEPS = {"machine": step_machine, "generation": step_generation, "scale": step_scale, "numerics": step_numerics,
          "card": step_card, "scale-large": step_scale_large, "hf": step_hf, "refusals": step_refusals,
-         "embedded": step_embedded}
+         "embedded": step_embedded, "draw": step_draw}
 NEEDS = {"generation": ["model"], "numerics": ["model"], "hf": ["model"], "card": ["card"]}  # the models each builds on
 
 
