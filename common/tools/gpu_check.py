@@ -124,12 +124,18 @@ def make_peaky(folder: str, entropy: float = ENTROPY) -> float:
             logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, logits_to_keep=1).logits[:, -1].float()
         return float(torch.special.entr(torch.softmax(logits, dim=-1)).sum(dim=-1).mean())
 
-    low, high = 1.0, 1e4  # the entropy falls as the scale grows: bisect in log space
+    scale = scale_for_entropy(mean_entropy, entropy, 1.0, 1e4)
+    mean_entropy(scale)
+    model.save_pretrained(folder)
+    return scale
+
+
+def scale_for_entropy(mean_entropy, entropy: float, low: float, high: float) -> float:
+    """The scale in [low, high] at which mean_entropy(scale), which falls as the scale grows, is `entropy`:
+    bisection in log space."""
     for _ in range(30):
         middle = (low * high) ** 0.5
         low, high = (middle, high) if mean_entropy(middle) > entropy else (low, middle)
-    mean_entropy(high)
-    model.save_pretrained(folder)
     return high
 
 
@@ -480,8 +486,8 @@ def blocked_draw(logits, greedy, u, block: int = 1024):
     same token, the first whose cumulative probability exceeds u·Σπ, found with two short scans instead of one over
     the whole vocabulary: the block of `block` tokens where the CDF crosses the target, then the token inside it. On
     the second H200 the float64 scan over 151,936 entries took 17 % of the compiled decoding step (results/gpu.md).
-    A token of probability 0 is never drawn: the counts skip them, and the last clamp keeps a rounding of the block
-    sums against the block's own scan (1e-16) inside the block's tokens of positive probability."""
+    A token of probability 0 is never drawn: the counts skip them, and `last` keeps a rounding of the block sums
+    against the block's own scan (1e-16) from running past the block's last token of positive probability."""
     import torch
     import torch.nn.functional as F
 
@@ -506,12 +512,11 @@ def peaky_logits(rows: int, vocab: int, device, entropy: float = ENTROPY):
     import torch
 
     logits = torch.randn(rows, vocab, generator=torch.Generator(device).manual_seed(0), device=device)
-    low, high = 0.1, 100.0  # the entropy falls as the scale grows
-    for _ in range(40):
-        middle = (low * high) ** 0.5
-        mean = torch.special.entr(torch.softmax(middle * logits, dim=-1)).sum(dim=-1).mean()
-        low, high = (middle, high) if mean > entropy else (low, middle)
-    return high * logits
+
+    def mean_entropy(scale: float) -> float:
+        return float(torch.special.entr(torch.softmax(scale * logits, dim=-1)).sum(dim=-1).mean())
+
+    return scale_for_entropy(mean_entropy, entropy, 0.1, 100.0) * logits
 
 
 def step_draw(shapes, folders, options) -> list[str]:
@@ -553,18 +558,20 @@ def step_draw(shapes, folders, options) -> list[str]:
             _, seconds[name] = timed(lambda: call(uniforms[2]), device, repeats=21)
         except Exception as e:  # one draw's failure (a compile, say) leaves the other's row
             drawn[name] = f"failed: {type(e).__name__}: {str(e)[:150]}"
-    lines = [f"{rows} rows × {vocab} tokens, softmax's entropy {ENTROPY} nats (a trained model's), a sixth of the "
-             "tokens masked:", "", "| draw, compiled | ms a draw | sample_token's tokens | tokens of probability 0 |",
-             "|---|---|---|---|"]
+    card = torch.cuda.get_device_name() if cuda else "the CPU"
+    lines = [f"{rows} rows × {vocab} tokens on {card}, softmax's entropy {ENTROPY} nats (a trained model's), a "
+             "sixth of the tokens masked:", "",
+             "| draw, compiled | ms a draw | sample_token's tokens | tokens of probability 0 |", "|---|---|---|---|"]
     pi = torch.softmax(logits, dim=-1)
     for name, what in (("sample_token", "sample_token (torch's scan)"), ("blocked_draw", "blocked_draw")):
         if isinstance(drawn[name], str):
             lines.append(f"| {what} | {drawn[name]} | | |")
             continue
-        alike = "-" if isinstance(drawn["sample_token"], str) else (
-            drawn[name][2:] == drawn["sample_token"][2:]).float().mean()  # the random uniforms
+        alike = "-"  # the share over the random uniforms (rows 2 on), where sample_token drew
+        if not isinstance(drawn["sample_token"], str):
+            alike = f"{(drawn[name][2:] == drawn['sample_token'][2:]).float().mean():.2%}"
         zero = int((pi.gather(1, drawn[name].T) == 0).sum())
-        lines.append(f"| {what} | {seconds[name] * 1e3:.3f} | {alike if alike == '-' else f'{alike:.2%}'} | {zero} |")
+        lines.append(f"| {what} | {seconds[name] * 1e3:.3f} | {alike} | {zero} |")
     return lines
 
 
