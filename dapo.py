@@ -102,7 +102,7 @@ class Args(policy.ModelArgs):
     max_sampling_rounds: int = 4
     """dynamic sampling's most rounds of B prompts to find B groups with mixed answers"""
     overlong_buffer: Optional[int] = None
-    """L_cache: the penalty falls from 0 at cap − this to −1 at the cap; None: cap / 5"""
+    """L_cache: the penalty falls from 0 at cap − this to −1 at the cap; None: cap / 5 (embedded: 3/8)"""
     overlong_filtering: bool = False
     """mask responses cut at max_new_tokens (no EOS) out of the loss"""
 

@@ -117,8 +117,8 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") ->
 
 
 def masked_mean_per_response(values: Tensor, mask: Tensor) -> Tensor:
-    """[N, T] → [N]: mean over each response's real tokens; an all-padding row gives 0, not NaN."""
-    return (values * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+    """[N, T] → [N]: mean over each response's real tokens, 0 for none; padding left out, not × 0 (a log 0 is −inf)."""
+    return values.where(mask > 0, 0.0).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
 def policy_loss(

@@ -176,6 +176,26 @@ def test_a_corrections_weights_are_taken_where_the_formula_says(name):
 
 
 @pytest.mark.parametrize("name", list(MODULES))
+def test_a_weight_rounded_to_0_takes_its_responses_terms_out_and_nothing_is_nan(name):
+    """sequence-mis weighs a response by Π ρ (common/sampling.py: correct), which float32 rounds to 0 below e^-103,
+    as on a long response of a stale sampler: that response's policy terms then weigh 0 (GSPO: the geometric mean
+    of its weights, taken through their log, is 0), with padding beside its tokens, and the loss and gradient are the
+    formula's, finite."""
+    module, hp = MODULES[name], HPARAMS[name]
+    logprobs, old, advantages, mask, ref = random_batch(3)
+    short = int((mask.sum(1) < mask.shape[1]).nonzero()[0])  # a response with padding after its tokens
+    weights = torch.ones_like(mask)
+    weights[short] = 0.0
+    loss, grad = value_and_grad(lambda x: module.policy_loss(x, old, advantages, mask, weights=weights, **hp), logprobs)
+    expected_loss, expected_grad = value_and_grad(
+        lambda x: formula_loss(name, x, old, advantages, mask, weights=weights, **hp), logprobs)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    torch.testing.assert_close(loss, expected_loss, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-12)
+    assert torch.equal(grad[short], torch.zeros_like(grad[short]))
+
+
+@pytest.mark.parametrize("name", list(MODULES))
 def test_a_response_masked_whole_adds_nothing_but_counts(name):
     """A correction may mask every token of a response (common/sampling.py's sequence-mis, sequence-geo-reject):
     the response adds nothing to the objective, value or gradient, and still counts among the N of the mean over
