@@ -8,9 +8,10 @@ Each iteration rolls out pi_old, computes GAE advantages (eq. 80), and approxima
 
 with r_t = pi_theta(a_t|s_t) / pi_old(a_t|s_t). Linearising L (gradient g, eq. 71) and taking the KL
 to second order (Fisher matrix A, eq. 72) gives the direction s = A^-1 g (eq. 73), found by conjugate
-gradient from Fisher-vector products (A is never formed), then the largest step along s that fits
-the trust region, beta = sqrt(2 delta / s^T A s) (eq. 74), shrunk by a backtracking line search until
-the surrogate improves and the exact KL is <= delta (common/EQUATIONS.md#sec-trpo-iteration, step 5).
+gradient from Fisher-vector products (A is never formed; damped, A + c I), then the largest step
+along s that fits the trust region, beta = sqrt(2 delta / s^T (A + c I) s) (eq. 74), shrunk by a
+backtracking line search until the surrogate improves and the exact KL is <= delta
+(common/EQUATIONS.md#sec-trpo-iteration, step 5).
 The critic is fitted separately by a few epochs of least-squares regression on the GAE returns (eq. 81).
 
 Compared with its siblings:
@@ -74,7 +75,7 @@ class Args:
     cg_damping: float = 0.1
     """added to the Fisher matrix (A + damping I) to keep conjugate gradient well conditioned"""
     backtrack_iters: int = 10
-    """line search: at most this many shrinkings of the step"""
+    """line search: at most this many tries, the full step first, then each xi times the last"""
     backtrack_coef: float = 0.8
     """line search: shrink factor xi of the step, in (0, 1)"""
     norm_obs: bool = False
@@ -403,7 +404,7 @@ if __name__ == "__main__":
         def fvp(v):
             return flat_grad(grad_kl @ v, actor_params, retain_graph=True) + args.cg_damping * v
 
-        step_dir = conjugate_gradient(fvp, g, args.cg_iters)  # s ~= A^-1 g, eq. (73)
+        step_dir = conjugate_gradient(fvp, g, args.cg_iters)  # s ~= (A + c I)^-1 g, eq. (73)
         beta = torch.sqrt(2 * args.max_kl / (step_dir @ fvp(step_dir) + 1e-12))  # eq. (74)
         theta_old = parameters_to_vector(actor_params).detach()
         with torch.no_grad():
