@@ -35,7 +35,7 @@ OUTPUT_LAYER = "float32"  # the compiled steps' output layer: float32 (as the tr
 
 def resolve_compiling(args, gpu: bool) -> list[str]:
     """--compile-decoding left unset: on a GPU (not under --fsdp) for responses of at least
-    COMPILE_FROM_TOKENS, where a shape's compile (20-40 s) repays itself within a few iterations.
+    COMPILE_FROM_TOKENS, where a shape's compile (29-38 s on an H200) repays itself within a few iterations.
     A CPU decodes eagerly: its float32 products are the cost, not the launches. The console's line
     on a GPU."""
     if args.compile_decoding is not None:

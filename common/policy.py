@@ -56,7 +56,7 @@ class ModelArgs:
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
     # Speed
     compile_decoding: Optional[bool] = None
-    """compile the decoding steps (20-40 s a shape; eager's tokens up to rounding); None: a GPU, from 128 tokens"""
+    """compile the decoding steps (29-38 s a shape on an H200; eager's tokens up to rounding); None: GPU, 128+ tokens"""
     # The sampler: when it is not the trainer (common/EQUATIONS.md: the sampler is not π_θold)
     sampler_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
     """sample with a copy of the weights in this dtype, refreshed after every update; None: no copy"""
@@ -328,7 +328,7 @@ def load(args: ModelArgs, device):
     checkpointing; on a GPU the frozen weights (LoRA's base) stored in bfloat16."""
     if is_embedded(args.model) and device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         # one thread, as every results page measured them: on a busy machine a thread per core
-        # ran the quick start 2.8 times slower (on quiet cores, 1.2 times faster: README)
+        # ran the quick start 2.8 times slower (on quiet cores it ran faster: README)
         torch.set_num_threads(1)
     tokenizer, model = load_policy(args.model, device, args.float32_logits)
     if args.gradient_checkpointing:

@@ -79,11 +79,11 @@ CONFIGS = {
                                    max_position_embeddings=8192, tie_word_embeddings=True)),
 }
 # The plan's rows: (config, where, processes, what is trained, beta, prompt tokens). The CPU rows are the no-flag
-# command of a real model (common/policy.py's CPU recipe; SmolLM2's 3-shot chat prompt is 158 tokens, GPT-2's
+# command of a real model (common/policy.py's CPU recipe; SmolLM2's 3-shot chat prompt is 159 tokens, GPT-2's
 # 3-shot text ~60) with every response at the cap, the worst case; the GPU rows are the README's examples, with a
 # chat prompt of ~64 tokens.
 PLAN = [
-    ("smollm2-135m", "cpu", 1, "all", 0.04, 158),
+    ("smollm2-135m", "cpu", 1, "all", 0.04, 159),
     ("gpt2-124m", "cpu", 1, "all", 0.04, 60),
     ("qwen2.5-0.5b", "80 GB GPU", 1, "all", 0.04, 64),
     ("qwen2.5-3b", "80 GB GPU", 4, "all", 0.0, 64),
@@ -161,8 +161,8 @@ def plan() -> None:
               f"{(state + size * per_response) / 2**30:.1f} GiB |")
 
 
-# The fit table: the README's GPU models, each way to spread training over cards of 80 GB.
-FIT_MODELS = ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b"]
+# The fit table: the README's GPU models and Qwen2.5-14B, each way to spread training over cards of 80 GB.
+FIT_MODELS = ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"]
 FIT_CARDS = [1, 4, 8]
 
 
@@ -182,7 +182,7 @@ def fit_state_bytes(strategy: str, model, adapters: int, cards: int) -> float:
 
 
 def fit() -> None:
-    """Which of DDP, DDP + LoRA and FSDP fits each README GPU model on 1, 4 and 8 cards of 80 GB: the state per
+    """Which of DDP, DDP + LoRA and FSDP fits each model of FIT_MODELS on 1, 4 and 8 cards of 80 GB: the state per
     process, and whether what 90 % of a card leaves holds a pass of at least one response (common/memory.py's rule:
     half of it for the pass) of 256 tokens after a 64-token prompt."""
     import torch
