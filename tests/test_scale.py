@@ -87,3 +87,25 @@ def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a
     assert all(cell.endswith("✓") for cell in lora)
     assert fsdp[0].startswith("(shards") and all(cell.rstrip(" |").endswith("✓") for cell in fsdp[1:])
     assert all(cell.rstrip(" |").endswith("✓") for cell in rows["qwen2.5-0.5b"][2:4])
+
+
+def test_the_tools_frozen_copy_is_what_policy_stores_on_a_gpu():
+    """A frozen copy on a GPU (LoRA's base, a reference model) holds its linear layers in bfloat16 and its embeddings,
+    norms and output layer in float32 (common/policy.py: frozen_weights_to_bfloat16 beside the float32 output
+    layer): the tool's frozen_bytes counts those bytes, tied embeddings once, not 2 bytes for every parameter."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from common import policy
+    from common.tools import scale as S
+
+    for tied in (True, False):
+        config = AutoConfig.for_model("qwen2", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                      tie_word_embeddings=tied)
+        model = AutoModelForCausalLM.from_config(config)
+        counted = S.frozen_bytes(model)
+        policy.float32_output_layer(model)
+        model.requires_grad_(False)
+        policy.frozen_weights_to_bfloat16(model)
+        stored = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert counted == stored and stored > 2 * sum(p.numel() for p in model.parameters())

@@ -142,12 +142,12 @@ def plan() -> None:
         gpu = where != "cpu"
         real = {key: values[1 if gpu else 2] for key, values in policy.SCALE_DEFAULTS.items()}
         parameters = sum(p.numel() for p in model.parameters())
-        frozen_bytes = 2 if gpu else 4  # a GPU stores frozen weights (LoRA's base, the reference) in bfloat16
-        reference = parameters * frozen_bytes if beta > 0 else 0
+        frozen = frozen_bytes(model) if gpu else parameters * 4  # LoRA's base, or the reference model
+        reference = frozen if beta > 0 else 0
         if trained_kind.startswith("LoRA"):  # r (in + out) trained values per linear layer of attention and MLP
             trained = sum(16 * (m.in_features + m.out_features) for n, m in model.named_modules()
                           if isinstance(m, torch.nn.Linear) and "lm_head" not in n)
-            state = memory.state_bytes(trained, parameters * frozen_bytes, processes)
+            state = memory.state_bytes(trained, frozen, processes)
         else:  # every weight trained, in a whole copy per process (DDP) or sharded (FSDP)
             gathered = memory.gathered_weights(model) if trained_kind == "FSDP" else None
             state = memory.state_bytes(parameters, 0, processes, gathered, reference)
@@ -166,18 +166,29 @@ FIT_MODELS = ["qwen2.5-0.5b", "qwen2.5-3b", "qwen2.5-7b", "qwen2.5-14b"]
 FIT_CARDS = [1, 4, 8]
 
 
+def frozen_bytes(model) -> int:
+    """A frozen copy of the weights on a GPU (LoRA's base, a reference model) as common/policy.py's
+    frozen_weights_to_bfloat16 stores it: the linear layers in bfloat16; the embeddings, the norms and the
+    output layer in float32."""
+    import torch
+
+    linear = sum(p.numel() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+                 and "lm_head" not in name for p in m.parameters(recurse=False))
+    return 2 * linear + 4 * (sum(p.numel() for p in model.parameters()) - linear)
+
+
 def fit_state_bytes(strategy: str, model, adapters: int, cards: int) -> float:
     """What each process holds before any pass, β = 0, by the rule a run sizes its passes with (common/memory.py:
-    training_state). DDP: 16 bytes a parameter (+ 4 for DDP's buckets on several cards); DDP + LoRA: the base in
-    bfloat16 (2), the adapters' 16 (+ 4); FSDP: a 1/N shard of the 16, and in float32 (4) what is gathered at once:
-    the weights outside the decoder blocks and two blocks."""
+    training_state). DDP: 16 bytes a parameter (+ 4 for DDP's buckets on several cards); DDP + LoRA: the base as
+    frozen_bytes stores it, the adapters' 16 (+ 4); FSDP: a 1/N shard of the 16, and in float32 (4) what is
+    gathered at once: the weights outside the decoder blocks and two blocks."""
     from common import memory
 
     parameters = sum(p.numel() for p in model.parameters())
     if strategy == "DDP":
         return memory.state_bytes(parameters, 0, cards)
     if strategy == "DDP + LoRA r16":
-        return memory.state_bytes(adapters, parameters * 2, cards)
+        return memory.state_bytes(adapters, frozen_bytes(model), cards)
     return memory.state_bytes(parameters, 0, cards, gathered=memory.gathered_weights(model))
 
 
@@ -191,7 +202,7 @@ def fit() -> None:
     from common import memory
 
     print("\nState per process, and whether a pass of one response fits (✓) on cards of 80 GB; β = 0 (β > 0 adds a "
-          "bfloat16 reference copy, 2 bytes a parameter, except with LoRA):\n")
+          "reference copy, its linear layers in bfloat16, except with LoRA):\n")
     columns = [f"{strategy}, {cards} card{'s' * (cards > 1)}" for strategy in ("DDP", "DDP + LoRA r16", "FSDP")
                for cards in FIT_CARDS]
     print("| model | parameters | " + " | ".join(columns) + " |")
