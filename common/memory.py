@@ -71,7 +71,8 @@ def state_bytes(trained: int, frozen_bytes: float, processes: int, gathered: Opt
 def state_parts(model, ref_model, args, processes: int, cuda: bool) -> dict[str, float]:
     """What each process holds before any pass, in bytes by part: the training state of the
     loaded policy, its reference model (unless it is the policy), the sampler's copy and its lag's
-    versions (Sampler.bytes), and on a GPU the compiled steps' bfloat16 weights."""
+    versions (Sampler.bytes), and on a GPU the compiled steps' bfloat16 weights: decoding_model's
+    copy of the policy, which the evaluations decode with, and of a float32 sampler copy."""
     parameters = list(model.parameters())  # a shard's numel() is the whole parameter's
     trained = sum(p.numel() for p in parameters if p.requires_grad)
     frozen = sum(p.numel() * p.element_size() for p in parameters if not p.requires_grad)
@@ -84,9 +85,9 @@ def state_parts(model, ref_model, args, processes: int, cuda: bool) -> dict[str,
         parts[f"the sampler's {args.sampler_dtype or 'float32'} copy"] = copy
     if versions:
         parts[f"the {args.sampler_lag} newer versions of its lag"] = versions
-    if cuda and args.compile_decoding and args.sampler_dtype in (None, "float32"):  # a 16-bit copy: none
-        cast = sum(p.numel() for p in cast_weights(model))
-        parts["the compiled steps' bfloat16 weights"] = 2 * cast
+    if cuda and args.compile_decoding:  # the policy's own (it evaluates), and a float32 sampler copy's
+        casts = 2 if copy and args.sampler_dtype in (None, "float32") else 1  # a 16-bit copy casts none
+        parts["the compiled steps' bfloat16 weights"] = casts * 2 * sum(p.numel() for p in cast_weights(model))
     return parts
 
 
@@ -120,6 +121,8 @@ def what_helps(args) -> str:
                   "shard over cards (torchrun --nproc_per_node N, --fsdp)"]
     if sampler_differs(args.sampler_dtype, args.sampler_lag):
         helps.append("sample with the policy itself (no --sampler-dtype, --sampler-lag 0)")
+    if args.compile_decoding:
+        helps.append("decode eagerly (--no-compile-decoding: no bfloat16 copy of the weights)")
     return ", ".join(helps + ["lower --max-new-tokens"])
 
 

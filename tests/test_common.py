@@ -203,11 +203,14 @@ def test_a_model_that_does_not_fit_is_refused_typed_micro_batch_or_not_with_flag
                                        "(an estimated 0.3 GiB, twice over: sampling) in 90 % of the card's 80 GiB: ")
         assert str(e.value).endswith(": train LoRA adapters (--lora-rank 16), shard over cards (torchrun "
                                      "--nproc_per_node N, --fsdp), lower --max-new-tokens")
-    under_fsdp = types.SimpleNamespace(fsdp=True, lora_rank=0, sampler_dtype=None, sampler_lag=0)
+    under_fsdp = types.SimpleNamespace(fsdp=True, lora_rank=0, sampler_dtype=None, sampler_lag=0,
+                                       compile_decoding=False)
     assert memory.what_helps(under_fsdp) == "shard over more cards (torchrun --nproc_per_node), lower --max-new-tokens"
-    lora_lagging = types.SimpleNamespace(fsdp=False, lora_rank=16, sampler_dtype="bfloat16", sampler_lag=0)
+    lora_lagging = types.SimpleNamespace(fsdp=False, lora_rank=16, sampler_dtype="bfloat16", sampler_lag=0,
+                                         compile_decoding=True)
     assert memory.what_helps(lora_lagging) == ("sample with the policy itself (no --sampler-dtype, --sampler-lag 0), "
-                                               "lower --max-new-tokens")
+                                               "decode eagerly (--no-compile-decoding: no bfloat16 copy of the "
+                                               "weights), lower --max-new-tokens")
     small = on_a_card(100_000_000, Config(152064, 48, 5120), 80, monkeypatch)  # 1.5 GiB of state: fits
     assert memory.responses_per_pass(resolved(grpo, model="gpt2", micro_batch_size=4)[0], small, None, 64) == (4, [])
 
@@ -234,8 +237,9 @@ def test_a_budget_of_exactly_one_response_is_not_refused():
 def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch):
     """P weights fully trained: 4 bytes each, their gradients 4, Adam 8; DDP's buckets 4 on several processes; a
     bfloat16 sampler at lag 3: a copy (2 bytes a weight) and 3 versions of the trained weights (2 each); a float32
-    one: 4 and 3 × 4; the compiled steps' bfloat16 weights only where the copy is float32 (cast_weights: counted in
-    tests/test_decoding.py)."""
+    one: 4 and 3 × 4; the compiled steps' bfloat16 weights (cast_weights: counted in tests/test_decoding.py), 2
+    bytes a weight for the policy's decoding copy, with which the evaluations decode whatever samples, and 2 more
+    for a float32 sampler copy's (a 16-bit copy is cast already)."""
     P = 1000
     model = type("Model", (), {"parameters": lambda self: iter([Weight(P)])})()
     monkeypatch.setattr(memory, "cast_weights", lambda m: [torch.zeros(P)] if m is model else [])
@@ -243,13 +247,17 @@ def test_the_state_by_part_counts_every_copy_of_the_weights_by_hand(monkeypatch)
     assert memory.state_parts(model, None, args, processes=2, cuda=True) == {
         "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
         "DDP's gradient buckets": 4 * P, "the sampler's bfloat16 copy": 2 * P,
-        "the 3 newer versions of its lag": 3 * 2 * P}
+        "the 3 newer versions of its lag": 3 * 2 * P, "the compiled steps' bfloat16 weights": 2 * P}
     args.sampler_dtype = None
     assert memory.state_parts(model, None, args, processes=1, cuda=True) == {
         "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
         "the sampler's float32 copy": 4 * P, "the 3 newer versions of its lag": 3 * 4 * P,
+        "the compiled steps' bfloat16 weights": 2 * 2 * P}
+    args.sampler_lag = 0  # float32 at lag 0 is the policy itself: one decoding copy
+    assert memory.state_parts(model, None, args, processes=1, cuda=True) == {
+        "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P,
         "the compiled steps' bfloat16 weights": 2 * P}
-    args.sampler_lag = 0  # float32 at lag 0 is the policy itself; a reference model that is another model counts
+    # a reference model that is another model counts
     reference = type("Model", (), {"parameters": lambda self: iter([Weight(P, False, element_size=2)])})()
     assert memory.state_parts(model, reference, args, processes=1, cuda=False) == {
         "the policy's weights": 4 * P, "their gradients": 4 * P, "Adam's moments": 8 * P, "the reference model": 2 * P}

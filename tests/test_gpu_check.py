@@ -126,14 +126,17 @@ def test_the_runs_report_their_figures(folders, options):
 
 def test_the_refusals_are_one_line_each(folders, options):
     lines = gpu_check.step_refusals(SHAPES, folders, options)
-    assert len(lines) == 4 and all(": error: " in line and "\n" not in line for line in lines)
+    assert len(lines) == 5 and all(": error: " in line and "\n" not in line for line in lines)
     assert "--micro-batch-size must be >= 1 and divide the minibatch" in lines[0]
-    # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments); a bfloat16
-    # sampler's copy adds 2 bytes each: 18 / 16 of 113.5 GiB
-    assert "the training state (113.5 GiB) leaves less than a pass of one response" in lines[1]
-    assert "--sampler-dtype bfloat16: error: the training state (127.7 GiB)" in lines[2]
-    assert "sample with the policy itself (no --sampler-dtype, --sampler-lag 0)" in lines[2]
-    assert "the training state (220.1 GiB) leaves less than a pass of one response" in lines[3]
+    # 7.6B and 14.8B parameters at 16 bytes each (float32 weights, gradients, Adam's two moments); compiled
+    # decoding's copy adds 2 bytes for each of the 6.5B weights of 7B's linear layers but the output layer (12.1
+    # GiB), a bfloat16 sampler's copy 2 bytes for every weight: 18 / 16 of 113.5 GiB
+    assert "no compiled decoding: error: the training state (113.5 GiB) leaves less than a pass" in lines[1]
+    assert ", compiled decoding: error: the training state (125.6 GiB)" in lines[2]
+    assert "decode eagerly (--no-compile-decoding" in lines[2] and "--no-compile-decoding" not in lines[1]
+    assert "--sampler-dtype bfloat16: error: the training state (127.7 GiB)" in lines[3]
+    assert "sample with the policy itself (no --sampler-dtype, --sampler-lag 0)" in lines[3]
+    assert "the training state (244.7 GiB) leaves less than a pass of one response" in lines[4]
 
 
 def test_the_tool_runs_each_step_in_a_process_and_writes_the_tables(tmp_path):

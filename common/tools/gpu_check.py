@@ -628,15 +628,18 @@ def step_refusals(shapes, folders, options) -> list[str]:
     except SystemExit as e:
         lines.append(f"- `--micro-batch-size 24`: {e}")
     card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 10**9
-    # 7B's state fits a 141 GB card, not an 80 GB one, nor with a bfloat16 sampler's copy; 14B's fits neither
-    for name, sampler_dtype in [("qwen2.5-7b", None), ("qwen2.5-7b", "bfloat16"), ("qwen2.5-14b", None)]:
+    # 7B's state fits an H200 decoding eagerly, not with compiled decoding's bfloat16 copy (a GPU's default for
+    # responses of 256 tokens), nor with a bfloat16 sampler's copy; 14B's fits neither
+    for name, sampler_dtype, compiled in [("qwen2.5-7b", None, False), ("qwen2.5-7b", None, True),
+                                          ("qwen2.5-7b", "bfloat16", False), ("qwen2.5-14b", None, True)]:
         model_type, fields = CONFIGS[name]
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **fields))
-        args = grpo.Args(sampler_dtype=sampler_dtype)
+        args = grpo.Args(sampler_dtype=sampler_dtype, compile_decoding=compiled)
         state = sum(memory.state_parts(model, None, args, processes=1, cuda=True).values())
         per_response = memory.response_bytes(256, 64, 8, model.config, 2)
-        what = f"{name} fully fine-tuned on one card" + (f", --sampler-dtype {sampler_dtype}" if sampler_dtype else "")
+        what = (f"{name} fully fine-tuned on one card, {'' if compiled else 'no '}compiled decoding"
+                + (f", --sampler-dtype {sampler_dtype}" if sampler_dtype else ""))
         try:
             memory.refuse_what_does_not_fit(memory.pass_budget(card, state), per_response, state, card,
                                             memory.what_helps(args))
