@@ -1,6 +1,7 @@
 """common/models/smollm2.py: bad input and the checks before any download or conversion (offline, no transformers)."""
 import subprocess
 import sys
+import time
 import zipfile
 
 import pytest
@@ -172,3 +173,22 @@ def test_a_missing_wheel_to_split_is_one_line(tmp_path):
     with pytest.raises(SystemExit) as e:
         carry.main(["split", "--wheel", str(tmp_path / "none.whl")])
     assert str(e.value) == f"error: --wheel {tmp_path / 'none.whl'}: no such file"
+
+
+def test_the_run_on_a_gpu_writes_its_curve_at_each_evaluation_and_stops_at_its_limit(tmp_path, monkeypatch):
+    """smollm2_on_gpu's run: the report is written at every held-out line (a call cut short keeps the curve so far),
+    and grpo.py is stopped at the limit even while it prints nothing; a run that made no folder has no scalars."""
+    from common.tools import smollm2_on_gpu as carry
+
+    (tmp_path / "grpo.py").write_text("import time\n"
+                                      "print('iteration    0  held-out 0.312 (greedy 0.406)', flush=True)\n"
+                                      "time.sleep(60)\n")
+    monkeypatch.setattr(carry, "ROOT", str(tmp_path))
+    written = []
+    start = time.time()
+    lines, values = carry.run("model", [], timeout=3, write=lambda lines, values: written.append(list(lines)))
+    assert time.time() - start < 30 and values == {}
+    assert written == [["iteration    0  held-out 0.312 (greedy 0.406)"]]
+    assert lines[-1] == "stopped after 3 s"
+    page = carry.report(lines, values, 3.0)
+    assert "| 0 | 0.312 (greedy 0.406) |" in page

