@@ -135,7 +135,7 @@ SCALE_DEFAULTS = {
     "max_new_tokens": (8, 256, 16, "TRL's GRPOConfig max_completion_length"),
     "learning_rate": (3e-4, 1e-6, 1e-5, "TRL's GRPOConfig and DeepSeekMath's GRPO"),
     "eval_every": (10, 10, 6, "an evaluation every 10 iterations"),
-    "eval_size": (200, 100, 64, "held-out prompts, sampled and greedy: 200 generations"),
+    "eval_size": (200, 128, 64, "held-out prompts, sampled and greedy: an iteration's 256, one compiled step"),
 }
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
 

@@ -38,7 +38,7 @@ def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     args, lines = resolved(grpo, model="Qwen/Qwen2.5-0.5B-Instruct")  # resolved from the name alone: nothing is loaded
     assert (args.task, args.prompts_per_iteration, args.num_iterations, args.learning_rate, args.max_new_tokens,
-            args.eval_every, args.eval_size) == ("addition", 32, 150, 1e-6, 256, 10, 100)
+            args.eval_every, args.eval_size) == ("addition", 32, 150, 1e-6, 256, 10, 128)
     assert args.few_shot is None  # decided by the model's kind once it is loaded: sampling.PromptFormat
     assert args.beta == 0.04 and resolved(dapo, model="gpt2")[0].beta == 0.0  # the method's own β on a GPU
     assert "--learning-rate 1e-06  (a real model on a GPU: TRL's GRPOConfig and DeepSeekMath's GRPO)" in lines
@@ -46,7 +46,10 @@ def test_a_real_model_on_a_gpu_gets_a_practitioners_values_and_a_typed_flag_wins
     typed, lines = resolved(grpo, model="gpt2", learning_rate=3e-5, max_new_tokens=100)
     assert (typed.learning_rate, typed.max_new_tokens) == (3e-5, 100)
     assert not any(line.startswith(("--learning-rate", "--max-new-tokens")) for line in lines)
-    assert any(line.startswith("--eval-size 100") for line in lines)
+    assert any(line.startswith("--eval-size 128") for line in lines)
+    # an evaluation decodes a sampled and a greedy response a question: an iteration's B × G rows, so that on a
+    # GPU the compiled decoding step of the iteration serves it too, not a second compile
+    assert 2 * args.eval_size == args.prompts_per_iteration * grpo.Args().group_size
     assert grpo.Args().learning_rate is None  # building Args resolves nothing: the main block's call does
 
 

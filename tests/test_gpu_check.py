@@ -62,14 +62,14 @@ def test_numerics_of_the_recipe_against_float32_for_every_file(folders, options)
 
 
 def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options):
-    """Eager, then compiled: the compiled responses are eager's (float32 on the CPU), each with its figures and
-    the top of its profile, the profile's table written beside the report."""
+    """Eager, then compiled: the compiled responses are eager's (float32 on the CPU), each with its figures, the
+    compiled one with the top of its profile, the profile's table written beside the report."""
     table = rows(gpu_check.step_generation(SHAPES, folders, options))
-    eager, eager_top, compiled, compiled_top = table
+    eager, compiled, compiled_top = table
     assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(eager[6]) < 1e-4
     assert compiled[0] == "sample, compiled, float32 output layer" and compiled[5] == "100%"
     assert compiled[4].endswith(" s") and float(compiled[6]) < 1e-4
-    assert eager_top[0].startswith("↳ top kernels:") and compiled_top[0].startswith("↳ top kernels:")
+    assert compiled_top[0].startswith("↳ top kernels:")
     assert os.path.isfile(os.path.join(options.profiles, "profile_float32.txt"))
 
 
@@ -174,3 +174,15 @@ def test_a_bad_step_limit_is_one_line(limit):
     with pytest.raises(SystemExit) as e:
         gpu_check.main(["--dry-run", "--limits", limit])
     assert str(e.value).startswith("error: --limits takes STEP=SECONDS") and limit in str(e.value)
+
+
+def test_a_step_that_fails_or_runs_out_of_time_keeps_the_rows_it_said():
+    """A step's process that said rows (say) and then failed, or ran past its limit, leaves those rows and one line
+    on what happened: a compile failing after eager's row must not lose that row."""
+    said = "print('@@ | eager | 8.1 |', flush=True); "
+    failing = [sys.executable, "-c", said + "raise SystemExit('error: the compile failed')"]
+    assert gpu_check.step_table(failing, 60) == ["| eager | 8.1 |", "failed: error: the compile failed"]
+    slow = [sys.executable, "-c", said + "import time; time.sleep(30)"]
+    assert gpu_check.step_table(slow, 3) == ["| eager | 8.1 |", "(ran out of its 3 s)"]
+    done = [sys.executable, "-c", said + "print('@@table\\n| eager | 8.1 |\\n| compiled | 2.9 |')"]
+    assert gpu_check.step_table(done, 60) == ["| eager | 8.1 |", "| compiled | 2.9 |"]

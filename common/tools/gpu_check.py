@@ -3,10 +3,11 @@ common/results/gpu.md. Nothing is downloaded: the models are random weights in r
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
     python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 13 minutes
+    python -m common.tools.gpu_check --out gpu.md --steps machine generation --limits generation=230  # a lent card
     python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
     python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
 
-Each step runs in a process of its own, bounded in time; it prints its table when it ends, or one line when it
+Each step runs in a process of its own, bounded in time; it prints its rows as they come, and one line when it
 fails or runs out of time, and the next step begins. `--out` is rewritten after every step, with the profiles
 beside it, so a check cut short keeps what it measured. The steps, most valuable first:
 
@@ -17,9 +18,10 @@ beside it, so a check cut short keeps what it measured. The steps, most valuable
    float32, TF32 or bfloat16; with --before, the other checkout's compiled `sample` beside them. Per row: seconds,
    tokens/s, the bytes a step must move per second against a copy's, the compile, the share of eager's responses
    drawn alike, the sampler gap (|log π of the sampler − of the scoring pass|), the peak memory; and a
-   torch.profiler table of the compiled steps' kernels, written beside --out.
+   torch.profiler table of each compiled row's kernels, written beside --out.
 3. scale: Qwen2.5-0.5B's configuration with the GPU defaults and Qwen2.5-1.5B's at 8 × 16 × 512 tokens under
-   grpo.py, 2 iterations (the first warms up): the pass size, the memory estimate beside the measured peak
+   grpo.py, 2 iterations (the first warms up; the evaluations decode as many responses as an iteration, so that
+   one compiled step serves both): the pass size, the memory estimate beside the measured peak
    (torch.cuda.max_memory_allocated), seconds per phase, MFU of scoring and of the update, generation's bytes/s.
 4. card: the README's card command, `gspo.py --group-size 8` with gpt2's configuration and the GPU defaults.
 5. numerics of the GPU recipe (bfloat16 autocast, the output layer in float32) on the peaky model, each group file
@@ -59,18 +61,21 @@ SHAPES = {
                 vocab=151936,
                 scale=("qwen2.5-0.5b", []), large=("qwen2.5-1.5b", ["--prompts-per-iteration", "8", "--group-size",
                                                                     "16", "--max-new-tokens", "512"]),
-                card="gpt2-124m", embedded=[], runs=["--num-iterations", "2", "--eval-size", "1"]),
+                card="gpt2-124m", embedded=[], runs=["--num-iterations", "2"],
+                # an evaluation of as many responses as an iteration samples (a sampled and a greedy one per
+                # question): the compiled decoding step it runs is the iteration's, not a second compile of 30 s
+                eval_size=dict(scale=128, large=64, card=128)),
     "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, output_layers=["float32"], hf_compile=False, vocab=5000,
                 scale=("qwen2.5-tiny", ["--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
                 large=("gpt2-tiny", ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "8"]),
                 card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
-                runs=["--num-iterations", "2", "--eval-size", "1", "--no-compile-decoding"]),
+                runs=["--num-iterations", "2", "--no-compile-decoding"], eval_size=dict(scale=1, large=1, card=1)),
 }
-# Each step's limit in seconds: 730 in all, so that with the models' building (~20 s) the whole check ends within
+# Each step's limit in seconds: 745 in all, so that with the models' building (~20 s) the whole check ends within
 # 13 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
 # a compile of Qwen2.5-0.5B's decoding step 29-38 s.
 STEP_SECONDS = {"machine": 15, "generation": 210, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
-                "hf": 60, "refusals": 15, "embedded": 60, "draw": 60}
+                "hf": 60, "refusals": 15, "embedded": 60, "draw": 75}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
 EMBEDDED_ON_CPU = "| a CPU core (common/results/group.md) | 150 | 0.17 | 0.908 (the mean of the last 3 evaluations) |"
 
@@ -273,9 +278,8 @@ def step_generation(shapes, folders, options) -> list[str]:
     eager, seconds = timed(lambda: draw(False), device)
     torch.save(eager.responses.cpu(), os.path.join(options.work, "eager.pt"))  # for --before's row
     figures = decoding_figures(grpo, model, eager, None, autocast, shapes)
-    top = profile_table(lambda: draw(False), device, os.path.join(options.profiles, "profile_eager.txt"))
-    lines += say([decoding_row("sample, eager", model, figures, seconds, "-", peak_memory(device)),
-                  f"|  ↳ top kernels: {top} | | | | | | | |"])
+    # no profile of eager's steps: the compiled ones are what a GPU runs, and eager's would take their seconds
+    lines += say([decoding_row("sample, eager", model, figures, seconds, "-", peak_memory(device))])
     for output_layer in shapes["output_layers"]:
         decoding.OUTPUT_LAYER = output_layer
         decoding._decoding_models.clear()  # a decoding model for this output layer
@@ -404,7 +408,8 @@ def step_scale(shapes, folders, options, which: str = "scale") -> list[str]:
     card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
     name, flags = shapes[which]
     limit = STEP_SECONDS["scale" if which == "scale" else "scale-large"] - 5
-    console, values = run_script("grpo.py", ["--model", folders[name], *shapes["runs"], *flags], limit)
+    console, values = run_script("grpo.py", ["--model", folders[name], *shapes["runs"], *flags, "--eval-size",
+                                             str(shapes["eval_size"][which])], limit)
     return [*SCALE_HEADER, scale_row(name + (f" ({' '.join(flags[1::2])})" if flags else ""), console, values, card),
             *([f"(stopped at the step's limit of {limit:.0f} s after {len(values.get('perf/iteration_seconds', []))} "
                "iterations)"] if console.endswith("stopped at the step's limit") else [])]
@@ -419,8 +424,8 @@ def step_card(shapes, folders, options) -> list[str]:
     import torch
 
     card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None
-    console, values = run_script("gspo.py", ["--model", folders[shapes["card"]], "--group-size", "8", *shapes["runs"]],
-                                 STEP_SECONDS["card"] - 5)
+    console, values = run_script("gspo.py", ["--model", folders[shapes["card"]], "--group-size", "8", *shapes["runs"],
+                                             "--eval-size", str(shapes["eval_size"]["card"])], STEP_SECONDS["card"] - 5)
     return [*SCALE_HEADER, scale_row(f"gspo.py --model {shapes['card']} --group-size 8", console, values, card),
             *(["(stopped at the step's limit)"] if console.endswith("stopped at the step's limit") else [])]
 
@@ -542,6 +547,13 @@ def step_draw(shapes, folders, options) -> list[str]:
     one = torch.ones((), dtype=torch.float64, device=device)
     uniforms[1] = torch.nextafter(one, 0 * one)
     mode = "reduce-overhead" if cuda else None
+    torch._dynamo.mark_static_address(logits)  # CUDA graphs read it in place, as the decoding step's own logits
+    card = torch.cuda.get_device_name() if cuda else "the CPU"
+    lines = say([f"{rows} rows × {vocab} tokens on {card}, softmax's entropy {ENTROPY} nats (a trained model's), a "
+                 "sixth of the tokens masked:", "",
+                 "| draw, compiled | ms a draw | sample_token's tokens | tokens of probability 0 |",
+                 "|---|---|---|---|"])
+    pi = torch.softmax(logits, dim=-1)
     drawn, seconds = {}, {}
     for name, draw in (("blocked_draw", blocked_draw), ("sample_token", grpo.sample_token)):
         if name == "sample_token":  # torch's own scan for cumsum, as the decoding step compiles it; after
@@ -555,23 +567,20 @@ def step_draw(shapes, folders, options) -> list[str]:
         try:
             call(uniforms[2])  # compiles
             drawn[name] = torch.stack([call(u) for u in uniforms])  # [16, rows]
-            _, seconds[name] = timed(lambda: call(uniforms[2]), device, repeats=21)
+            # 20 draws back to back a timing, as a decoding loop runs them: the host's overhead shared out
+            _, seconds[name] = timed(lambda: [call(uniforms[2]) for _ in range(20)], device, repeats=5)
+            seconds[name] /= 20
         except Exception as e:  # one draw's failure (a compile, say) leaves the other's row
             drawn[name] = f"failed: {type(e).__name__}: {str(e)[:150]}"
-    card = torch.cuda.get_device_name() if cuda else "the CPU"
-    lines = [f"{rows} rows × {vocab} tokens on {card}, softmax's entropy {ENTROPY} nats (a trained model's), a "
-             "sixth of the tokens masked:", "",
-             "| draw, compiled | ms a draw | sample_token's tokens | tokens of probability 0 |", "|---|---|---|---|"]
-    pi = torch.softmax(logits, dim=-1)
     for name, what in (("sample_token", "sample_token (torch's scan)"), ("blocked_draw", "blocked_draw")):
         if isinstance(drawn[name], str):
-            lines.append(f"| {what} | {drawn[name]} | | |")
+            lines += say([f"| {what} | {drawn[name]} | | |"])
             continue
         alike = "-"  # the share over the random uniforms (rows 2 on), where sample_token drew
         if not isinstance(drawn["sample_token"], str):
             alike = f"{(drawn[name][2:] == drawn['sample_token'][2:]).float().mean():.2%}"
         zero = int((pi.gather(1, drawn[name].T) == 0).sum())
-        lines.append(f"| {what} | {seconds[name] * 1e3:.3f} | {alike} | {zero} |")
+        lines += say([f"| {what} | {seconds[name] * 1e3:.3f} | {alike} | {zero} |"])
     return lines
 
 
@@ -656,6 +665,21 @@ STEPS = {"machine": step_machine, "generation": step_generation, "scale": step_s
 NEEDS = {"generation": ["model"], "numerics": ["model"], "hf": ["model"], "card": ["card"]}  # the models each builds on
 
 
+def step_table(command: list[str], limit: float) -> list[str]:
+    """A step's table from its own process: the one it returns, or, when it fails or runs out of time, the lines
+    it said (say) until then and one line on what happened."""
+    try:
+        result = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=limit)
+        if result.returncode == 0 and "@@table" in result.stdout:
+            return result.stdout.split("@@table\n", 1)[1].rstrip("\n").splitlines()
+        tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
+        printed, end = result.stdout, f"failed: {tail[0][:300]}"
+    except subprocess.TimeoutExpired as e:
+        printed = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        end = f"(ran out of its {limit:.0f} s)"
+    return [line[3:] for line in printed.splitlines() if line.startswith("@@ ")] + [end]
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU (what the test suite runs)")
@@ -728,18 +752,7 @@ def main(argv=None) -> None:
                        *(["--generation-model", os.path.abspath(options.generation_model)]
                          if options.generation_model else []),
                        *(["--dry-run"] if options.dry_run else [])]
-            try:
-                result = subprocess.run(command, cwd=ROOT, text=True, capture_output=True, timeout=STEP_SECONDS[step])
-                if result.returncode != 0 or "@@table" not in result.stdout:
-                    tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
-                    table = [f"failed: {tail[0][:300]}"]
-                else:
-                    table = result.stdout.split("@@table\n", 1)[1].rstrip("\n").splitlines()
-            except subprocess.TimeoutExpired as e:  # what it printed before its limit
-                printed = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                table = [line[3:] for line in printed.splitlines() if line.startswith("@@ ")]
-                table.append(f"(ran out of its {STEP_SECONDS[step]:.0f} s)")
-            section = [f"## {step} ({time.time() - start:.0f} s)", "", *table, ""]
+            section = [f"## {step} ({time.time() - start:.0f} s)", "", *step_table(command, STEP_SECONDS[step]), ""]
             print("\n".join(section), flush=True)
             report += section
             if options.out:  # after every step: a check cut short by its lease keeps the tables it has
