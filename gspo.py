@@ -272,7 +272,7 @@ def sample(model, prompt_format, questions: list[str], args: Args, device, num_s
         logprobs.append(logprob)
         tokens.append(token.masked_fill(ended, prompt_format.pad_id))  # padded once ended
         ended = ended | torch.isin(token, eos_ids)
-        if prompt_format.stop is not None:
+        if prompt_format.stop is not None and decoder.asks():  # reading the tokens waits for the device
             ended = ended | prompt_format.holds_stop(torch.stack(tokens, dim=1))
         if decoder.finished(ended):  # all ended (asked every few tokens when compiled)
             break

@@ -103,6 +103,11 @@ class Decoder:
         with self.autocast, output_layer_precision(OUTPUT_LAYER):
             return tuple(value.clone() for value in self.forward(*arguments))
 
+    def asks(self) -> bool:
+        """Whether `finished` reads the device at this step: then, and only then, the caller reads
+        the tokens too (a base model's stop string: common/sampling.py, holds_stop)."""
+        return not self.compiled or len(self.pending) + 1 >= CHECK_EVERY or self.steps >= self.new_tokens
+
     def finished(self, ended: Tensor) -> bool:
         """Whether every response has ended ([N] `ended` after this step): asked of the device at
         every step (eager), or at every CHECK_EVERY-th and the last (compiled); `steps` then counts

@@ -123,8 +123,9 @@ class PromptFormat:
 
     def holds_stop(self, responses: Tensor) -> Tensor:
         """[N] True where the response so far holds the stop string: the answer has ended.
-        Only the last 8 tokens are decoded (a stop string is a newline or two)."""
-        tails = self.tokenizer.batch_decode(responses[:, -8:])
+        Only the last 16 tokens are decoded: a stop string is a newline or two, and compiled
+        decoding looks every 8 tokens (common/decoding.py: CHECK_EVERY)."""
+        tails = self.tokenizer.batch_decode(responses[:, -16:])
         return torch.tensor([self.stop in tail for tail in tails], device=responses.device)
 
     def stop_mask(self, responses: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

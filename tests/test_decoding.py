@@ -36,8 +36,8 @@ def qwen2_49k(tmp_path_factory):
 
 
 def draw(model, tokenizer, compiled: bool, autocast=None, max_new_tokens=10, greedy=(True, False, False, False),
-         prompts=PROMPTS):
-    prompt_format = sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model)
+         prompts=PROMPTS, prompt_format=None):
+    prompt_format = prompt_format or sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model)
     args = grpo.Args(max_new_tokens=max_new_tokens, few_shot=0, temperature=1.5, compile_decoding=compiled)
     torch.manual_seed(5)
     with torch.no_grad(), autocast or torch.autocast("cpu", enabled=False):
@@ -118,6 +118,48 @@ def test_responses_that_all_end_early_keep_eagers_width(monkeypatch):
     compiled = draw(model, tokenizer, compiled=True, max_new_tokens=16)
     assert eager.responses.shape[1] < 8, "the test needs responses that end before the first check"
     assert torch.equal(eager.responses, compiled.responses) and torch.equal(eager.truncated, compiled.truncated)
+
+
+def test_a_stop_string_is_looked_for_when_the_host_asks_and_ends_the_answers_eager_ends(monkeypatch):
+    """A base model's answer ends at its stop string, found by decoding the tokens on the host (holds_stop): a wait
+    for the device at every step. Compiled, it is looked for only when the host asks whether all have ended (every 8
+    tokens, and the last). In float32 the answers, their masks and which were cut are eager's, the columns after
+    the last answer's end aside (padding, masked). Here the stop string is the digit 1, which many answers hold;
+    the shapes are the test above's, whose compiled step serves."""
+    import os
+
+    from conftest import ROOT
+
+    tokenizer, model = policy.load_policy("embedded", CPU, path=os.path.join(ROOT, "common", "models", "tiny_model"))
+    prompt_format = sampling.PromptFormat(tokenizer, get_task("addition"), 0, model=model.eval())
+    prompt_format.stop = "1"
+    looks, holds_stop = [], prompt_format.holds_stop
+    monkeypatch.setattr(prompt_format, "holds_stop", lambda tokens: looks.append(tokens.shape[1]) or holds_stop(tokens))
+    eager = draw(model, tokenizer, compiled=False, max_new_tokens=16, prompt_format=prompt_format)
+    eager_looks = list(looks)
+    looks.clear()
+    compiled = draw(model, tokenizer, compiled=True, max_new_tokens=16, prompt_format=prompt_format)
+    width = eager.mask.shape[1]
+    assert eager_looks == list(range(1, width + 1)) and looks == [8, 16][: len(looks)]  # every step; every 8th
+    assert torch.equal(compiled.mask[:, :width], eager.mask) and not compiled.mask[:, width:].any()
+    real = eager.mask.bool()
+    assert torch.equal(compiled.responses[:, :width][real], eager.responses[real])
+    assert torch.equal(compiled.truncated, eager.truncated)
+    ends_with_1 = [text.endswith("1") for text in prompt_format.decode(eager.responses, eager.mask)]
+    assert 0 < sum(ends_with_1) < len(ends_with_1)  # answers stopped by the string, and others by their EOS
+
+
+def test_a_stop_string_split_across_two_looks_is_found():
+    """Compiled decoding looks for the stop string every 8 tokens: "\n\n" drawn as the 8th and 9th tokens is only
+    whole at the look after token 16, so holds_stop reads the last 16 tokens, not the last 8."""
+    prompt_format = sampling.PromptFormat.__new__(sampling.PromptFormat)  # holds_stop needs a tokenizer, a stop
+    prompt_format.stop = "\n\n"
+    prompt_format.tokenizer = types.SimpleNamespace(batch_decode=lambda rows: ["".join(
+        "\n" if token == 0 else "7" for token in row.tolist()) for row in rows])
+    responses = torch.ones(2, 16, dtype=torch.long)
+    responses[0, 7:9] = 0  # tokens 8 and 9: a newline each
+    responses[1, [3, 12]] = 0  # two newlines, apart
+    assert prompt_format.holds_stop(responses).tolist() == [True, False]
 
 
 class Steps:
