@@ -3,6 +3,7 @@ once, without a second try, works before a GPU is there. The steps run here in t
 tool runs each in its own); the tool's own orchestration runs its cheapest step."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -148,6 +149,8 @@ def test_the_tool_runs_each_step_in_a_process_and_writes_the_tables(tmp_path):
     report = out.read_text()
     assert report.startswith("# The GPU check (dry run: tiny shapes on the CPU)")
     assert "## machine" in report and "| 2." in report and "failed" not in report
+    # the step's own seconds (a process that imports torch: at least one), not the moment it began
+    assert int(re.search(r"## machine \((\d+) s\)", report).group(1)) >= 1
 
 
 def test_without_a_gpu_the_check_says_so_in_one_line(monkeypatch):

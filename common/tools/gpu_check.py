@@ -752,7 +752,8 @@ def main(argv=None) -> None:
                        *(["--generation-model", os.path.abspath(options.generation_model)]
                          if options.generation_model else []),
                        *(["--dry-run"] if options.dry_run else [])]
-            section = [f"## {step} ({time.time() - start:.0f} s)", "", *step_table(command, STEP_SECONDS[step]), ""]
+            table = step_table(command, STEP_SECONDS[step])
+            section = [f"## {step} ({time.time() - start:.0f} s)", "", *table, ""]
             print("\n".join(section), flush=True)
             report += section
             if options.out:  # after every step: a check cut short by its lease keeps the tables it has
