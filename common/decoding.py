@@ -104,9 +104,10 @@ class Decoder:
             return tuple(value.clone() for value in self.forward(*arguments))
 
     def asks(self) -> bool:
-        """Whether `finished` reads the device at this step: then, and only then, the caller reads
-        the tokens too (a base model's stop string: common/sampling.py, holds_stop)."""
-        return not self.compiled or len(self.pending) + 1 >= CHECK_EVERY or self.steps >= self.new_tokens
+        """Whether `finished` reads the device at this step: then the caller reads the tokens too
+        (a base model's stop string: common/sampling.py, holds_stop). At the last step it need not:
+        sampling ends, and the answers' stop strings are found after (stop_mask)."""
+        return not self.compiled or len(self.pending) + 1 >= CHECK_EVERY
 
     def finished(self, ended: Tensor) -> bool:
         """Whether every response has ended ([N] `ended` after this step): asked of the device at

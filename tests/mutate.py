@@ -471,10 +471,11 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
        for mutation in ('-20.0 → -40.0', '20.0 → 40.0')},
     ('sapo.py', 'tau = torch.where(rollout.advantages[inds].unsqueeze(1) > 0, args.tau_pos, args.tau_neg)', '> → >='):
         'equivalent: tokens with Â = 0 are not among the logged gate\'s tokens (those with signal)',
-    **{('common/sampling.py', 'tails = self.tokenizer.batch_decode(responses[:, -8:])', mutation):
-       'equivalent: the check runs after every new token, so a stop string is in the last 8 tokens when it is '
-       'complete; a longer tail (0: the whole response) finds nothing sooner'
-       for mutation in ('-8 → -16', '-8 → 0')},
+    **{('common/sampling.py', 'tails = self.tokenizer.batch_decode(responses[:, -16:])', mutation):
+       'equivalent: a look comes at least every 8 tokens (compiled: CHECK_EVERY), so a stop string of a token or '
+       'two is whole within the last 16 when it is first looked at; a longer tail (0: the whole response) finds '
+       'nothing sooner'
+       for mutation in ('-16 → -32', '-16 → 0')},
     **{('grpo.py', line, mutation):
        'equivalent: the chunk size only bounds memory; every chunk of >= 1 position (row) gives the same numbers, '
        'and the uniform numbers of the draws come from the generator in the same order (0 rows only for a '
