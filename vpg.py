@@ -110,6 +110,8 @@ def check_args(args: Args) -> None:
     for flag, value in [("--gamma", args.gamma), ("--gae-lambda", args.gae_lambda)]:
         if not 0.0 <= value <= 1.0:
             raise SystemExit(f"error: {flag} must be in [0, 1] (got {value})")
+    if not 0 <= args.seed < 2**32:  # numpy's and gymnasium's seeds are 32-bit, unsigned
+        raise SystemExit(f"error: --seed must be in [0, 2**32) (got {args.seed})")
 
 
 def make_envs(args: Args) -> gym.vector.VectorEnv:

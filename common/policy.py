@@ -175,6 +175,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
     Each check is (it holds, what the flag must be); the line adds the value typed, ", got ...".
     """
     processes = world_size()
+    seeds = "2**32" if processes == 1 else f"2**32 - {processes - 1}"  # process k seeds numpy with seed + k
     checks = [
         (args.few_shot is None or args.few_shot >= 0, "--few-shot must be >= 0"),
         *method_checks,
@@ -183,6 +184,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.eval_every >= 1, "--eval-every must be >= 1"),
         (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
         (args.eval_samples >= 1, "--eval-samples must be >= 1"),
+        (0 <= args.seed < 2**32 - processes + 1, f"--seed must be in [0, {seeds})"),
         (args.save_every >= 0, "--save-every must be >= 0 (0: only when stopped)"),
         (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),

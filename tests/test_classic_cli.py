@@ -37,6 +37,8 @@ COMMON_BAD = [
     (dict(gamma=1.5), "--gamma"),
     (dict(gae_lambda=-0.1), "--gae-lambda"),
     (dict(max_grad_norm=0.0), "--max-grad-norm"),
+    (dict(seed=-1), "--seed"),
+    (dict(seed=2**32), "--seed"),
 ]
 SPECIFIC_BAD = {
     "ppo": [

@@ -37,6 +37,8 @@ def test_smoke_run_writes_tensorboard(script, in_process):
         (sapo, "tau_pos", 0.0, "--tau-pos"),
         (sapo, "tau_neg", -1.0, "--tau-neg"),
         (sapo, "group_size", 1, "--group-size"),
+        (gspo, "seed", -1, "--seed"),  # numpy's seeds are 32-bit, unsigned
+        (dr_grpo, "seed", 2**32, "--seed"),
     ],
 )
 def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
@@ -46,6 +48,17 @@ def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
         module.check_args(args)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message
+
+
+def test_the_last_seeds_are_refused_when_the_processes_add_their_rank(monkeypatch):
+    # process k seeds with seed + k: under 4 processes the largest seed is 2**32 - 4
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    args = sapo.Args(seed=2**32 - 4, prompts_per_iteration=4, num_minibatches=1)
+    policy.resolve_defaults(args, beta=sapo.BETA)
+    sapo.check_args(args, world_size=4)
+    with pytest.raises(SystemExit) as e:
+        sapo.check_args(sapo.Args(**{**vars(args), "seed": 2**32 - 3}), world_size=4)
+    assert str(e.value) == f"error: --seed must be in [0, 2**32 - 3), got {2**32 - 3}"
 
 
 def test_help_cut_short_by_a_pipe_ends_quietly():
