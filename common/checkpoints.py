@@ -220,8 +220,12 @@ def refuse_another_method(folder: str, method) -> None:
                          f"python {method} --resume {folder}")
 
 
-def refuse_changed_flags(saved: dict, args) -> None:
-    """A resumed run is the same run: one line naming the first flag that differs and may not."""
+def refuse_changed_flags(saved: dict, args, done: int) -> None:
+    """A resumed run is the same run: one line naming the first flag that differs and may not, or
+    --num-iterations below the `done` iterations of its checkpoint (a run is extended, never cut)."""
+    if args.num_iterations < done:
+        raise SystemExit(f"error: --resume: --num-iterations {args.num_iterations} is below the checkpoint's "
+                         f"iteration {done}: it must be above {done} to train on")
     for key, value in vars(args).items():
         if key not in MAY_CHANGE_ON_RESUME and key in saved and saved[key] != value:
             flag = "--" + key.replace("_", "-")

@@ -71,7 +71,7 @@ def parse_args(args_class):
             message = unknown_flags_line(argv, args_class) or message
         raise SystemExit(f"error: {message}") from None
     if resume is not None:
-        refuse_changed_flags(saved["args"], args)
+        refuse_changed_flags(saved["args"], args, saved["iteration"])
     if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
         raise SystemExit("error: --track logs to Weights & Biases, an optional install: "
                          "pip install wandb==0.31.0")

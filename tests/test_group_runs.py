@@ -118,6 +118,10 @@ def test_a_finished_run_is_extended_and_says_when_nothing_is_left(in_process):
     _, out = in_process("grpo", ["--resume", f"runs/{run.name}"])
     assert "nothing left to do: the run has done its 3 iterations" in out and "iteration    " not in out
     assert in_process.exit_code == 0
+    with pytest.raises(SystemExit) as e:  # fewer iterations than done: refused before the model loads
+        in_process("grpo", ["--resume", f"runs/{run.name}", "--num-iterations", "2"])
+    assert str(e.value) == ("error: --resume: --num-iterations 2 is below the checkpoint's iteration 3: it must be "
+                            "above 3 to train on")
 
 
 @pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
