@@ -1016,6 +1016,9 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
     assert task.examples(2, random.Random(0))[0][0].startswith("Say ")  # without examples(): its prompts
     path.write_text(PLUGIN + "\ndef examples(k, rng):\n    return [('Say yes.', 'yes')] * k\n")
     assert get_task(str(path)).examples(2, random.Random(0)) == [("Say yes.", "yes")] * 2
+    path.write_text(PLUGIN.replace("for _ in range(n)]", "for _ in range(min(n, 3))]"))  # 3 at most
+    with pytest.raises(ValueError, match=r"prompts\(8, rng, 'train'\) must return n .* got 3 pairs"):
+        get_task(str(path)).prompts(8, random.Random(0))  # during the run too
 
 
 @pytest.mark.parametrize("source, message", [
@@ -1025,6 +1028,15 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
      "must return n (prompt, target) pairs"),
     ("def prompts(n, rng, split): return [('Say yes.', 1)] * n\ndef reward(r, t): return 0.0\n",
      "must return n (prompt, target) pairs"),  # a target that is no string
+    ("def prompts(n, rng, split): return 5\ndef reward(r, t): return 0.0\n",
+     "prompts(2, rng, 'train') must return n (prompt, target) pairs of strings in a list, got int 5"),
+    ("def prompts(n, rng, split): return []\ndef reward(r, t): return 0.0\n", "got 0 pairs"),
+    ("def prompts(n, rng, split): return [('Say yes.', 'yes')] * (n + 1)\ndef reward(r, t): return 0.0\n",
+     "got 3 pairs"),
+    ("def prompts(n, rng, split): return [('Say yes.', 'yes')] * n if split == 'train' else []\n"
+     "def reward(r, t): return 0.0\n", "prompts(2, rng, 'test') must return"),  # the held-out split too
+    ("def prompts(n, rng, split): return 1 / 0\ndef reward(r, t): return 0.0\n",
+     "prompts(2, rng, 'train') raised ZeroDivisionError: division by zero"),
 ])
 def test_a_broken_task_file_is_one_line(tmp_path, source, message):
     path = tmp_path / "broken.py"
@@ -1032,5 +1044,6 @@ def test_a_broken_task_file_is_one_line(tmp_path, source, message):
     with pytest.raises(ValueError) as e:
         get_task(str(path))
     assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(e.value).startswith(f"--task {path}: "), str(e.value)
     with pytest.raises(ValueError, match="--task file not found: nowhere.py"):
         get_task("nowhere.py")

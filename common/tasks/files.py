@@ -196,9 +196,10 @@ class PluginTask:
         INSTRUCTION = "..."                  # optional: the answer format, stated to a chat model
         DEFAULT_FEW_SHOT = 0                 # optional: examples shown to a base model by default
 
-    `rng` is a random.Random; `split` is "train" or "test": keep the held-out questions apart. A
-    reward never raises on model output: an exception (or a value that is not a finite number)
-    scores 0, and the first one is reported in one line."""
+    `rng` is a random.Random; `split` is "train" or "test": keep the held-out questions apart.
+    prompts() is tried on both splits as the file loads: an exception, or anything but n pairs of
+    strings, is one line. A reward never raises on model output: an exception (or a value that is
+    not a finite number) scores 0, and the first one is reported in one line."""
 
     def __init__(self, path: str):
         spec = importlib.util.spec_from_file_location(Path(path).stem, path)
@@ -220,18 +221,32 @@ class PluginTask:
         self.instruction = getattr(self.module, "INSTRUCTION", "")
         self.default_few_shot = getattr(self.module, "DEFAULT_FEW_SHOT", 0)
         self.reported = False
-        pairs = self.module.prompts(2, random.Random(0), "train")
-        if not all(
-            isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p)
-            for p in pairs
-        ):
-            raise ValueError(
-                f"--task {path}: prompts(n, rng, split) must return n (prompt, target) pairs"
-                " of strings"
-            )
+        for split in ("train", "test"):  # both splits tried now, before any model loads
+            try:
+                pairs = self.module.prompts(2, random.Random(0), split)
+            except Exception as e:  # the user's code: whatever it raises, one line
+                raise ValueError(
+                    f"--task {path}: prompts(2, rng, {split!r}) raised {type(e).__name__}: {e}"
+                ) from None
+            self._checked(pairs, 2, split)
 
     def prompts(self, n: int, rng: random.Random, split: str = "train") -> list[tuple[str, str]]:
-        return [tuple(pair) for pair in self.module.prompts(n, rng, split)]
+        return self._checked(self.module.prompts(n, rng, split), n, split)
+
+    def _checked(self, pairs, n: int, split: str) -> list[tuple[str, str]]:
+        """The pairs prompts() returned, as tuples; a ValueError naming the file and what it
+        returned instead of a list of n (prompt, target) pairs of strings."""
+        if not isinstance(pairs, (list, tuple)):
+            got = f"{type(pairs).__name__} {pairs!r:.40}"
+        elif len(pairs) != n:
+            got = f"{len(pairs)} pairs"
+        else:
+            got = next((repr(p)[:60] for p in pairs if not (
+                isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p))), None)
+        if got is not None:
+            raise ValueError(f"--task {self.path}: prompts({n}, rng, {split!r}) must return n (prompt, target) "
+                             f"pairs of strings in a list, got {got}")
+        return [tuple(pair) for pair in pairs]
 
     def examples(self, k: int, rng: random.Random) -> list[tuple[str, str]]:
         if hasattr(self.module, "examples"):
