@@ -26,9 +26,11 @@ Defaults are tuned for CartPole-v1; the flags for the others: common/results/cla
 Run: python trpo.py --help
 """
 
+import atexit
 import difflib
 import os
 import random
+import signal
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -301,6 +303,7 @@ if __name__ == "__main__":
     from torch.utils.tensorboard import SummaryWriter  # imported here: it is slow to import
 
     writer = SummaryWriter(f"runs/{run_name}")
+    atexit.register(writer.close)  # a run stopped by a signal keeps what it logged
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
@@ -335,6 +338,14 @@ if __name__ == "__main__":
     recent_returns = deque(maxlen=20)
     start_time = time.time()
     last_print = 0.0  # the console gets about one line per second, and always the last iteration
+
+    def stop(number, frame):  # Ctrl-C or SIGTERM: one line, no traceback, status 128 + the signal's number
+        print(f"\n{signal.Signals(number).name}: stopped at step {global_step:,} of {total_steps:,}; "
+              f"the run so far: runs/{run_name}", flush=True)
+        raise SystemExit(128 + number)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.tensor(next_obs, dtype=torch.float32)
     next_done = torch.zeros(args.num_envs)

@@ -4,10 +4,12 @@ the effective number of steps (none lost with the defaults), and loading a saved
 Everything runs in-process (a new python process costs seconds): make_envs for the env errors, the
 scripts' main loop through runpy for the rest.
 """
+import atexit
 import dataclasses
 import importlib
 import os
 import re
+import signal
 
 import gymnasium as gym
 import numpy as np
@@ -146,3 +148,50 @@ def test_readme_snippet_loads_a_saved_agent_and_matches_training(in_process, mon
     assert len(returns) == 10 and f"mean return over 10 episodes: {np.mean(returns):.1f}" in capsys.readouterr().out
     assert np.mean(training) > 200, training  # well above a random policy (~20)
     assert np.mean(returns) > 0.8 * np.mean(training), (returns, training)
+
+
+# ---------------------------------------------------------------------------------------------
+# A run stopped by Ctrl-C or SIGTERM: one line saying where it stopped and where it went, 128 + the signal
+
+
+class _SignalledEnv(gym.Env):
+    """Sends `number` to this process at the `at`-th step over all its instances, as Ctrl-C would mid-run."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,))
+    action_space = gym.spaces.Discrete(2)
+    steps, at, number = 0, 150, None
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        _SignalledEnv.steps += 1
+        if _SignalledEnv.steps == _SignalledEnv.at:
+            os.kill(os.getpid(), _SignalledEnv.number)
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+gym.register("TestSignalled-v0", entry_point=_SignalledEnv, max_episode_steps=8)
+
+
+@pytest.mark.parametrize("name, number", [("vpg", signal.SIGINT), ("a2c", signal.SIGTERM), ("trpo", signal.SIGINT),
+                                          ("ppo", signal.SIGTERM)])
+def test_a_stopped_run_says_where_it_stopped_and_keeps_its_logs(name, number, in_process, monkeypatch):
+    _SignalledEnv.steps, _SignalledEnv.number = 0, number
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # unhandled, a KeyboardInterrupt: not pytest's end
+    closers = []
+    monkeypatch.setattr(atexit, "register", closers.append)  # what the script leaves for Python's exit
+    try:
+        run_dir, out = in_process(name, ["--env-id", "TestSignalled-v0", "--total-timesteps", "512", "--num-envs",
+                                         "2", "--num-steps", "64"])
+    except KeyboardInterrupt:
+        pytest.fail("the signal ended the run in a KeyboardInterrupt traceback")
+    assert in_process.exit_code == 128 + number
+    # the signal came at the 150th env step, in the second rollout of 2 x 64 (steps 129-256; resets are steps too)
+    last = out.rstrip("\n").splitlines()[-1]
+    stopped = re.fullmatch(rf"{number.name}: stopped at step (\d+) of 512; the run so far: runs/{run_dir.name}", last)
+    assert stopped and 128 < int(stopped.group(1)) <= 256, last
+    for close in closers:  # as at exit: the writer flushes what the stopped run logged
+        close()
+    assert len(read_scalars(str(run_dir))["charts/SPS"]) == 1  # the first rollout's iteration
