@@ -227,7 +227,11 @@ def resolve_model_path(model: str) -> str:
         return path
     folder = model_folder(model)
     if folder is not None:
+        if not any(os.path.isfile(os.path.join(folder, f)) for f in ("config.json", "adapter_config.json")):
+            raise SystemExit(f"error: --model {model!r}: {no_model_in(folder)}")
         return folder
+    if os.path.isfile(model) or os.path.isfile(os.path.join(ROOT, model)):
+        raise SystemExit(f"error: --model {model!r} is a file, not a model folder or a .gguf file")
     first = model.split("/")[0]  # a folder here (runs/...): a path, not a hub organisation
     path_like = (model.startswith((".", "/", "~")) or model.count("/") > 1
                  or os.sep in model.replace("/", "", 1)
@@ -258,6 +262,19 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
+def no_model_in(folder: str) -> str:
+    """Why `folder` holds no model (no config.json), and where its model may be."""
+    saved = os.path.join(folder, "model")
+    gguf = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
+    if os.path.isdir(saved):
+        where = f"a saved run's model is its model/ folder: {saved}"
+    elif gguf:
+        where = f"give the .gguf file itself: {os.path.join(folder, gguf[0])}"
+    else:
+        where = "a saved run's model is <run>/model (--save-model writes it)"
+    return f"no config.json in {folder}, so no model; {where}"
+
+
 def disable_dropout(model) -> None:
     """Every dropout probability of the model to 0 (gpt2's are 0.1). Sampling runs in eval mode, the
     update in train mode: with dropout on, the first update would score the sampled tokens with
@@ -277,11 +294,11 @@ def load_policy(name: str, device, float32_logits: bool = True, path: Optional[s
     """Tokenizer and model from a hub id, a folder or a .gguf file: dropout off, left padding, and
     with `float32_logits` the output layer in float32 under autocast. `path`: where the files of
     `name` are, when not where resolve_model_path finds them."""
+    folder, gguf, adapter = path or resolve_model_path(name), {}, None
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # heavy: after checks
     from transformers.utils.logging import disable_progress_bar
 
     disable_progress_bar()  # one console line per iteration, no loading bars
-    folder, gguf, adapter = path or resolve_model_path(name), {}, None
     if os.path.exists(os.path.join(folder, "adapter_config.json")):  # a LoRA adapter: its base first
         with open(os.path.join(folder, "adapter_config.json")) as f:
             folder, adapter = resolve_model_path(json.load(f)["base_model_name_or_path"]), folder

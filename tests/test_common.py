@@ -474,6 +474,25 @@ def test_a_gguf_file_that_does_not_exist_is_one_line(tmp_path):
         policy.resolve_model_path(str(tmp_path / "model.gguf"))
 
 
+def test_a_folder_without_a_model_or_a_file_that_is_none_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    run = tmp_path / "runs" / "addition__grpo__tiny_model__1__1"
+    (run / "model").mkdir(parents=True)  # a saved run: its model is in model/
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "smol.gguf").write_bytes(b"")
+    (tmp_path / "notes.md").write_text("no model")
+    cases = {"empty": f"no config.json in {tmp_path / 'empty'}, so no model; a saved run's model is <run>/model",
+             str(run): f"a saved run's model is its model/ folder: {run / 'model'}",
+             "gguf": f"give the .gguf file itself: {tmp_path / 'gguf' / 'smol.gguf'}",
+             "notes.md": "is a file, not a model folder or a .gguf file"}
+    for model, message in cases.items():
+        with pytest.raises(SystemExit) as e:
+            policy.resolve_model_path(model)
+        assert str(e.value).startswith(f"error: --model {model!r}") and message in str(e.value), str(e.value)
+        assert "\n" not in str(e.value)
+
+
 def test_embedded_is_what_the_model_is_not_where_it_lives(tmp_path, in_process):
     """The embedded models' config says so; a copy elsewhere, a model trained from them and saved, and a LoRA
     adapter trained on them keep their defaults; --model takes a saved adapter folder (its base with the adapter
