@@ -75,7 +75,30 @@ def parse_args(args_class):
     if getattr(args, "track", False) and importlib.util.find_spec("wandb") is None:
         raise SystemExit("error: --track logs to Weights & Biases, an optional install: "
                          "pip install wandb==0.31.0")
+    if getattr(args, "track", False) and not wandb_can_log_in():
+        raise SystemExit(f"error: --track needs a Weights & Biases login: {WANDB_LOGIN}")
     return args
+
+
+WANDB_LOGIN = ("run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
+               "(and `wandb sync` later)")
+
+
+def wandb_can_log_in() -> bool:
+    """False when W&B would stop the run at its start for want of a login: no key in the
+    environment or in ~/.netrc (`wandb login` writes it), and no terminal to ask for one."""
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return True  # nothing leaves the machine: no login needed
+    keys = ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE")
+    if sys.stdin.isatty() or any(os.environ.get(key) for key in keys):
+        return True
+    try:
+        from wandb.sdk.lib.wbauth import wbnetrc
+
+        host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")
+        return bool(wbnetrc.read_netrc_auth(host=host))
+    except Exception:  # another version of wandb: it will say so itself
+        return True
 
 
 def stop_before_training(number, frame) -> None:
@@ -278,8 +301,12 @@ class Board:
 
             # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
             # it mirrors into it, and copies of copies would pile up in a folder it watches
-            wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=vars(args),
-                       name=os.path.basename(folder), sync_tensorboard=True)
+            try:
+                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity,
+                           config=vars(args), name=os.path.basename(folder), sync_tensorboard=True)
+            except wandb.errors.Error as e:  # a key refused, an unknown entity: one line, no traceback
+                raise SystemExit(f"error: --track: Weights & Biases refused the run ({e}); "
+                                 f"{WANDB_LOGIN}") from None
         # a resumed run drops what the interrupted one logged after its checkpoint
         self.writer = SummaryWriter(folder, purge_step=first_iteration if first_iteration > 1 else None)
         table = "\n".join(f"|{key}|{value}|" for key, value in vars(args).items())

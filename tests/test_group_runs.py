@@ -616,6 +616,37 @@ def test_track_without_wandb_installed_is_one_line(in_process, monkeypatch):
     assert str(e.value) == "error: --track logs to Weights & Biases, an optional install: pip install wandb==0.31.0"
 
 
+def test_track_without_a_login_is_one_line_before_the_model_loads(in_process, monkeypatch, tmp_path):
+    pytest.importorskip("wandb")
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))  # where `wandb login` writes the key
+    monkeypatch.setattr("sys.stdin", io.StringIO())  # no terminal: W&B cannot ask for a key
+    monkeypatch.setattr(policy, "load_policy", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(SystemExit) as e:
+        in_process("grpo", ["--track"])
+    assert str(e.value) == ("error: --track needs a Weights & Biases login: run `wandb login`, set WANDB_API_KEY, or "
+                            "set WANDB_MODE=offline (and `wandb sync` later)")
+    (tmp_path / "netrc").write_text("machine api.wandb.ai\n  login user\n  password " + "0" * 40 + "\n")
+    assert runs.wandb_can_log_in()  # logged in
+    (tmp_path / "netrc").unlink()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert runs.wandb_can_log_in()  # offline: nothing to log in to
+
+
+def test_track_refused_by_weights_and_biases_is_one_line(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+    monkeypatch.setattr(wandb, "init", refuse)
+    args = types.SimpleNamespace(track=True, wandb_project_name="p", wandb_entity=None)
+    with pytest.raises(SystemExit) as e:
+        runs.Board(str(tmp_path / "run"), args, first_iteration=1)
+    assert str(e.value).startswith("error: --track: Weights & Biases refused the run (No API key configured.")
+    assert "WANDB_MODE=offline" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_the_embedded_models_run_on_one_thread_as_their_results_were_measured(in_process, monkeypatch):
     """Torch's default (a thread per core) ran the quick start 2.8 times slower on a busy machine; every results
     page measured one thread. OMP_NUM_THREADS, when set, is the user's choice and stays."""
