@@ -7,6 +7,7 @@
    `gradient_sync` lets DDP reduce once per optimiser step.
 3. `draw_minibatches`: one epoch's minibatches of whole groups, as many passes on every process.
 4. Reductions across processes: `global_mean`, `global_fraction`, `global_max`.
+5. `said_by_process_0`: a bad flag's line printed once, not by every process.
 
 None of it is a method: every group file runs the same processes the same way, so it lives here once.
 """
@@ -26,6 +27,18 @@ def world_size() -> int:
     if torch.distributed.is_initialized():
         return torch.distributed.get_world_size()
     return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+@contextlib.contextmanager
+def said_by_process_0():
+    """Errors every process finds alike (a bad flag): process 0 alone prints the line; the others leave with the
+    same status, silently. Otherwise torchrun shows the line once per process, sometimes glued into one."""
+    try:
+        yield
+    except SystemExit as e:
+        if isinstance(e.code, str) and os.environ.get("RANK", "0") != "0":
+            raise SystemExit(1) from None
+        raise
 
 
 def start(use_cuda: bool) -> tuple[int, int, torch.device]:

@@ -28,12 +28,14 @@ from torch import Tensor
 from common.checkpoints import refuse_another_method, refuse_changed_flags, saved_state
 from common.memory import state_parts
 from common.perf import Roofline, work
-from common.processes import global_fraction, global_max, global_mean, in_lockstep, world_size
+from common.processes import (global_fraction, global_max, global_mean, in_lockstep, said_by_process_0,
+                              world_size)
 from common.sampling import sampler_differs
 
 STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
 
 
+@said_by_process_0()
 def parse_args(args_class):
     """The command line as an `args_class` (tyro: one flag per field, its docstring as help).
 

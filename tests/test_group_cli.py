@@ -61,6 +61,17 @@ def test_the_last_seeds_are_refused_when_the_processes_add_their_rank(monkeypatc
     assert str(e.value) == f"error: --seed must be in [0, 2**32 - 3), got {2**32 - 3}"
 
 
+@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
+def test_under_torchrun_process_0_alone_says_what_is_wrong(rank, said, in_process, monkeypatch, capsys):
+    # every process checks the same flags: one line on the console, not one per process; the same status
+    monkeypatch.setenv("RANK", rank)
+    for argv in (["--group-size", "1"], ["--grup-size", "2"]):  # refuse_bad_args's, then parse_args's
+        with pytest.raises(SystemExit) as e:
+            in_process("grpo", argv)
+        assert (e.value.code != 1 and "--group-size" in e.value.code) if said else e.value.code == 1
+    assert capsys.readouterr().err == ""
+
+
 def test_help_cut_short_by_a_pipe_ends_quietly():
     # `python grpo.py --help | head` used to end in a BrokenPipeError traceback. Here the reader is gone before the
     # script writes a line (it takes a second to import torch), so every write meets a closed pipe.
