@@ -246,7 +246,7 @@ def check_args(args: Args, world_size: int = 1) -> None:
         (args.beta >= 0, "--beta must be >= 0"),
         (args.kl_estimator in ("k1", "k2", "k3"), "--kl-estimator must be k1, k2 or k3"),
         (0 < args.clip_eps_low < 1, "--clip-eps-low must be in (0, 1)"),
-        (args.clip_eps_high > 0, "--clip-eps-high must be > 0"),
+        (args.clip_eps_high >= args.clip_eps_low, f"--clip-eps-high must be >= --clip-eps-low ({args.clip_eps_low})"),
         (args.max_sampling_rounds >= 1, "--max-sampling-rounds must be >= 1"),
         (args.overlong_buffer is None or 0 <= args.overlong_buffer < args.max_new_tokens,
          f"--overlong-buffer must be in [0, max-new-tokens) = [0, {args.max_new_tokens})"),

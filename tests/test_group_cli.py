@@ -30,6 +30,7 @@ def test_smoke_run_writes_tensorboard(script, in_process):
         (dr_grpo, "clip_eps", 0.0, "--clip-eps"),
         (dapo, "clip_eps_low", 1.0, "--clip-eps-low"),
         (dapo, "clip_eps_high", -0.1, "--clip-eps-high"),
+        (dapo, "clip_eps_high", 0.1, "--clip-eps-high"),  # below --clip-eps-low: clip-higher raises the top
         (dapo, "overlong_buffer", 8, "--overlong-buffer"),  # must stay below --max-new-tokens (8)
         (dapo, "max_sampling_rounds", 0, "--max-sampling-rounds"),
         (gspo, "clip_eps_low", 0.0, "--clip-eps-low"),
