@@ -186,6 +186,7 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
         (args.eval_samples >= 1, "--eval-samples must be >= 1"),
         (0 <= args.seed < 2**32 - processes + 1, f"--seed must be in [0, {seeds})"),
+        (not set(args.exp_name or "") & {"/", os.sep}, "--exp-name must not hold '/': it names one folder, not a path"),
         (args.save_every >= 0, "--save-every must be >= 0 (0: only when stopped)"),
         (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),

@@ -40,6 +40,7 @@ def test_smoke_run_writes_tensorboard(script, in_process):
         (sapo, "group_size", 1, "--group-size"),
         (gspo, "seed", -1, "--seed"),  # numpy's seeds are 32-bit, unsigned
         (dr_grpo, "seed", 2**32, "--seed"),
+        (sapo, "exp_name", "a/b", "--exp-name"),  # one folder under runs/, not nested ones
     ],
 )
 def test_bad_method_flags_give_one_clear_line(module, field, value, flag):
