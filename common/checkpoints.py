@@ -68,7 +68,7 @@ class Checkpoints:
         """The command that resumes the run from its latest checkpoint, or why there is none."""
         if not os.path.exists(os.path.join(self.folder, "latest")):
             return "no checkpoint was written, so there is nothing to resume: start the run again"
-        return f"resume with: python {os.path.basename(sys.argv[0])} --resume {self.folder}"
+        return f"resume with: {launcher(self.processes())} {sys.argv[0]} --resume {self.folder}"
 
     @staticmethod
     def processes() -> int:
@@ -180,6 +180,12 @@ class Checkpoints:
             raise SystemExit(128 + (self.signal_number or signal.SIGTERM))
 
 
+def launcher(processes: int) -> str:
+    """What starts a run of this many processes. The script follows as typed: from the current folder, as the
+    run's folder is (the repository may be elsewhere)."""
+    return "python" if processes == 1 else f"torchrun --nproc_per_node {processes}"
+
+
 def latest_checkpoint(folder: str) -> str:
     """The name of the newest checkpoint of a run folder; one line when there is none."""
     try:
@@ -217,7 +223,7 @@ def refuse_another_method(folder: str, method) -> None:
     script = os.path.basename(sys.argv[0])
     if method is not None and method != script:
         raise SystemExit(f"error: --resume {folder}: a run of {method}, not of {script}; resume it with: "
-                         f"python {method} --resume {folder}")
+                         f"python {os.path.join(os.path.dirname(sys.argv[0]), method)} --resume {folder}")
 
 
 def refuse_changed_flags(saved: dict, args, done: int) -> None:

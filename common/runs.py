@@ -440,8 +440,9 @@ class Console:
             held_out = (f"; held-out {start:.3f} (iteration {first}) → {end:.3f} (iteration {last}), "
                         f"greedy {greedy_start:.3f} → {greedy_end:.3f}")
         took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+        logdir = os.path.dirname(self.folder) or "."
         print(f"end: iteration {iteration}/{self.num_iterations} after {took} of training{held_out}; "
-              f"curves: tensorboard --logdir {os.path.dirname(self.folder) or '.'}", flush=True)
+              f"curves: tensorboard --logdir {logdir} (this run: {self.folder})", flush=True)
 
 
 # ---------------------------------------------------- what an iteration's samples look like

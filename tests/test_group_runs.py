@@ -204,6 +204,10 @@ def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoin
         with pytest.raises(SystemExit):
             stops._ask_to_stop(signal.SIGINT, None)
         assert "resume with: python grpo.py --resume runs/run" in capsys.readouterr().err
+        # the script as typed, from where the user is (the run's folder is from there too), and its launcher
+        monkeypatch.setattr(checkpoints.sys, "argv", ["../repo/grpo.py"])
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert stops.how_to_resume() == "resume with: torchrun --nproc_per_node 2 ../repo/grpo.py --resume runs/run"
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
@@ -267,8 +271,9 @@ def test_damaged_missing_moved_and_foreign_checkpoints_are_one_line(in_process, 
     _, out = in_process("grpo", ["--resume", f"../a/runs/{run.name}", "--num-iterations", "2"], subdir="b")
     assert f"resumed ../a/runs/{run.name} after iteration 1" in out and "iteration    2/2" in out
     folder = f"runs/{run.name}"
-    assert refusal("dapo", ["--resume", folder]) == (
-        f"error: --resume {folder}: a run of grpo.py, not of dapo.py; resume it with: python grpo.py --resume {folder}")
+    assert refusal("dapo", ["--resume", folder]) == (  # grpo.py next to dapo.py as typed (here, where runpy ran it)
+        f"error: --resume {folder}: a run of grpo.py, not of dapo.py; resume it with: python "
+        f"{os.path.join(ROOT, 'grpo.py')} --resume {folder}")
     state.write_bytes(good[: len(good) // 2])
     assert refusal("grpo", ["--resume", folder]) == (
         f"error: --resume {folder}: {folder}/checkpoint-1/state.pt cannot be read, the checkpoint is damaged "
@@ -538,7 +543,7 @@ def test_the_log_evaluates_on_schedule_and_prints_one_line_per_iteration(tmp_pat
     # the closing line: from the first evaluation to the last (the fake evaluation's figures never change)
     assert lines[6].startswith("end: iteration 5/5 after ") and lines[6].endswith(
         "of training; held-out 0.500 (iteration 0) → 0.500 (iteration 5), greedy 0.750 → 0.750; curves: "
-        "tensorboard --logdir runs")
+        "tensorboard --logdir runs (this run: runs/run)")
     assert lines[1].startswith("iteration    1/5  accuracy 0.250  length 3.0  truncated 0.50  no-signal 0.12  "
                                "clipfrac 0.200  ")
     assert " s/it  " in lines[1] and " tok/s  ETA " in lines[1]
