@@ -1,4 +1,5 @@
 """common/models/smollm2.py: bad input and the checks before any download or conversion (offline, no transformers)."""
+import os
 import subprocess
 import sys
 import time
@@ -7,6 +8,7 @@ import zipfile
 import pytest
 
 from common.models import smollm2
+from conftest import ROOT
 
 
 def error_line(argv) -> str:
@@ -43,7 +45,10 @@ def test_complete_folder_is_left_as_it_is(tmp_path, capsys, no_download):
     out = complete_folder(tmp_path / "model")
     smollm2.main(["--out", str(out) + "/"])  # returns: exit status 0
     first, command = capsys.readouterr().out.splitlines()
-    assert first == f"{out} is already complete; nothing to do. Train it on a CPU with:"
+    assert first == f"{out} is already complete; nothing to do. Train it on a CPU (13-15 minutes on one core) with:"
+    # the minutes the README quotes from common/results/smollm2.md
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    assert f"in {smollm2.CPU_MINUTES} minutes on one CPU core" in readme
     assert all((out / name).read_text() == "{}" for name in smollm2.MODEL_FILES)
     # the command is one grpo.py accepts as it stands, on the task this model learns on a CPU
     import shlex

