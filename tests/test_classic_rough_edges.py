@@ -195,3 +195,17 @@ def test_a_stopped_run_says_where_it_stopped_and_keeps_its_logs(name, number, in
     for close in closers:  # as at exit: the writer flushes what the stopped run logged
         close()
     assert len(read_scalars(str(run_dir))["charts/SPS"]) == 1  # the first rollout's iteration
+
+
+def test_the_classic_files_stay_on_one_thread_as_the_readme_says(in_process, monkeypatch):
+    # the group files' embedded runs take OMP_NUM_THREADS (tests/test_group_runs.py); these files do not
+    import torch
+
+    readme = " ".join(open(os.path.join(ROOT, "README.md")).read().split())
+    assert ("In the group files `OMP_NUM_THREADS=N` chooses the count; the classic files stay on one thread whatever "
+            "it says") in readme
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    for name in FILES:
+        torch.set_num_threads(2)  # the fixture puts back the suite's count
+        in_process(name, ["--total-timesteps", "128", "--num-envs", "2", "--num-steps", "64"], subdir=name)
+        assert torch.get_num_threads() == 1, name
