@@ -231,7 +231,7 @@ def refuse_changed_flags(saved: dict, args, done: int) -> None:
     --num-iterations below the `done` iterations of its checkpoint (a run is extended, never cut)."""
     if args.num_iterations < done:
         raise SystemExit(f"error: --resume: --num-iterations {args.num_iterations} is below the checkpoint's "
-                         f"iteration {done}: it must be above {done} to train on")
+                         f"iteration {done}: a resumed run goes on from there (--num-iterations {done} or more)")
     for key, value in vars(args).items():
         if key not in MAY_CHANGE_ON_RESUME and key in saved and saved[key] != value:
             flag = "--" + key.replace("_", "-")

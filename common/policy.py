@@ -189,6 +189,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (not set(args.exp_name or "") & {"/", os.sep}, "--exp-name must not hold '/': it names one folder, not a path"),
         (args.save_every >= 0, "--save-every must be >= 0 (0: only when stopped)"),
         (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
+        (args.sampler_lag < args.num_iterations, f"--sampler-lag must be below --num-iterations "
+         f"({args.num_iterations}): a longer lag samples every iteration with the starting weights"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
     ]
     for ok, message in checks:

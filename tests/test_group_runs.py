@@ -120,8 +120,8 @@ def test_a_finished_run_is_extended_and_says_when_nothing_is_left(in_process):
     assert in_process.exit_code == 0
     with pytest.raises(SystemExit) as e:  # fewer iterations than done: refused before the model loads
         in_process("grpo", ["--resume", f"runs/{run.name}", "--num-iterations", "2"])
-    assert str(e.value) == ("error: --resume: --num-iterations 2 is below the checkpoint's iteration 3: it must be "
-                            "above 3 to train on")
+    assert str(e.value) == ("error: --resume: --num-iterations 2 is below the checkpoint's iteration 3: a resumed "
+                            "run goes on from there (--num-iterations 3 or more)")
 
 
 @pytest.mark.parametrize("number, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -560,7 +560,7 @@ def test_the_first_lines_say_what_each_process_holds(extra, in_process):
     reference model; a bfloat16 sampler's copy (2 bytes a weight) and the 3 versions of its lag. The parts add up."""
     from transformers import AutoModelForCausalLM
 
-    flags = ["--num-iterations", "1", "--prompts-per-iteration", "4", "--eval-size", "4", "--group-size", "2"]
+    flags = ["--num-iterations", "4", "--prompts-per-iteration", "4", "--eval-size", "4", "--group-size", "2"]
     _, out = in_process("grpo", flags + extra)
     line = next(line for line in out.splitlines() if line.startswith("each process holds"))
     named = re.findall(r"(?:, | and |holds )([^(,]+) \(([\d,.]+) MB\)", line)

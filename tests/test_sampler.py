@@ -284,6 +284,8 @@ def test_with_the_samplers_log_probs_as_pi_old_no_sampler_gap_is_logged(in_proce
 
 @pytest.mark.parametrize("fields, message", [
     (dict(sampler_lag=-1), "error: --sampler-lag must be >= 0"),
+    (dict(sampler_lag=5, num_iterations=5), "error: --sampler-lag must be below --num-iterations (5): a longer lag "
+                                            "samples every iteration with the starting weights, got 5"),
     (dict(correction_cap=1.0), "error: --correction-cap must be > 1"),
     (dict(old_logprobs="sampler", correction="token-tis"), "error: --correction token-tis with --old-logprobs"),
 ])
