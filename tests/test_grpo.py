@@ -219,11 +219,13 @@ def test_missing_model_folder_is_refused():
 
 def test_tokenizer_without_eos_is_refused(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import AutoConfig, PreTrainedTokenizerFast
 
     tok = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>").save_pretrained(tmp_path)
+    # a model folder (its config), whose tokenizer is read before its weights
+    AutoConfig.for_model("gpt2", n_layer=1, n_embd=8, n_head=2, vocab_size=2).save_pretrained(tmp_path)
     with pytest.raises(SystemExit, match="no EOS token"):
         policy.load_policy(str(tmp_path), torch.device("cpu"))
 
