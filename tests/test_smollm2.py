@@ -191,9 +191,9 @@ def test_the_run_on_a_gpu_writes_its_curve_at_each_evaluation_and_stops_at_its_l
     monkeypatch.setattr(carry, "ROOT", str(tmp_path))
     written = []
     start = time.time()
-    lines, values = carry.run("model", [], timeout=3, write=lambda lines, values: written.append(list(lines)))
+    lines, values = carry.run("model", [], timeout=2, write=lambda lines, values: written.append(list(lines)))
     assert time.time() - start < 30 and values == {}
     assert written == [["iteration    0  held-out 0.312 (greedy 0.406)"]]
-    assert lines[-1] == "stopped after 3 s"
+    assert lines[-1] == "stopped after 2 s"
     page = carry.report(lines, values, 3.0)
     assert "| 0 | 0.312 (greedy 0.406) |" in page
