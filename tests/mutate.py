@@ -328,7 +328,7 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
         'equivalent: every intermediate result is a positive integer by construction, so no target is 0',
     ('common/tasks/files.py', 'final = answer.rsplit("####", 1)[-1].strip()', '1 → 2'):
         'equivalent: the last piece of a split at "####" is the same however many splits are made',
-    **{('common/tasks/files.py', 'pairs = self.module.prompts(2, random.Random(0), "train")', mutation):
+    **{('common/tasks/files.py', 'pairs = self.module.prompts(2, random.Random(0), split)', mutation):
        'harmless: a first look at the shape of prompts()\'s pairs; another seed or 4 pairs checks the same'
        for mutation in ('0 → 1', '2 → 4')},
     ('common/decoding.py', 'self.attention_mask[:, self.prefilled + column - 1] = 1', '1 → 2'):

@@ -1021,13 +1021,21 @@ def test_a_task_of_your_own_plugs_in_and_its_reward_never_raises(tmp_path, capsy
         get_task(str(path)).prompts(8, random.Random(0))  # during the run too
 
 
+def test_a_bad_pair_is_shown_cut_to_60_characters(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text(f"def prompts(n, rng, split): return [('{'x' * 100}', 1)] * n\ndef reward(r, t): return 0.0\n")
+    with pytest.raises(ValueError) as e:
+        get_task(str(path))
+    assert str(e.value).endswith("got ('" + "x" * 58)
+
+
 @pytest.mark.parametrize("source, message", [
     ("def prompts(n, rng, split): return []\n", "needs a function reward(...)"),
     ("import no_such_module\n", "importing it failed (ModuleNotFoundError"),
     ("def prompts(n, rng, split): return [1, 2]\ndef reward(r, t): return 0.0\n",
-     "must return n (prompt, target) pairs"),
+     "must return n (prompt, target) pairs of strings in a list, got 1"),
     ("def prompts(n, rng, split): return [('Say yes.', 1)] * n\ndef reward(r, t): return 0.0\n",
-     "must return n (prompt, target) pairs"),  # a target that is no string
+     "must return n (prompt, target) pairs of strings in a list, got ('Say yes.', 1)"),  # a target that is no string
     ("def prompts(n, rng, split): return 5\ndef reward(r, t): return 0.0\n",
      "prompts(2, rng, 'train') must return n (prompt, target) pairs of strings in a list, got int 5"),
     ("def prompts(n, rng, split): return []\ndef reward(r, t): return 0.0\n", "got 0 pairs"),
