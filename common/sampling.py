@@ -45,6 +45,9 @@ class PromptFormat:
                  model=None):
         self.tokenizer, self.task, self.system_prompt = tokenizer, task, system_prompt
         self.chat = tokenizer.chat_template is not None
+        if system_prompt and not self.chat:  # a base model reads text, with no turn to put it in
+            raise SystemExit("error: --system-prompt needs a chat model, and this tokenizer has no chat "
+                             "template: a base model learns the format from solved examples (--few-shot)")
         self.few_shot, self.why = (few_shot, None) if few_shot is not None else self._default_few_shot(model)
         self.examples = task.examples(self.few_shot, random.Random(EVAL_SEED)) if self.few_shot else []
         self.stop = None if self.chat or not self.examples else self._stop_string()

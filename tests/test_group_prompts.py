@@ -41,6 +41,14 @@ def test_chat_model_gets_its_template_the_answer_format_and_the_system_prompt(fo
     assert sampling.PromptFormat(tokenizer, task, 3).stop is None  # a chat model ends its turn itself
 
 
+def test_a_system_prompt_for_a_base_model_is_one_line(folders):
+    """A base model has no turns: --system-prompt would be dropped without a word, so it is refused."""
+    with pytest.raises(SystemExit) as e:
+        sampling.PromptFormat(tokenizer_of(folders["gpt2"]), TASKS["addition"], 0, "Be brief.")
+    assert str(e.value).startswith("error: --system-prompt needs a chat model") and "\n" not in str(e.value)
+    assert sampling.PromptFormat(tokenizer_of(folders["gpt2"]), TASKS["addition"], 0, None).system_prompt is None
+
+
 def test_chat_model_reads_its_examples_as_earlier_turns(folders):
     tokenizer = tokenizer_of(folders["qwen3"])
     task = TASKS["addition"]
