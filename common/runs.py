@@ -457,16 +457,19 @@ def rollout_stats(samples, rewards: Tensor, advantages: Tensor, accuracies: Tens
     """
     mask, group_size = samples.mask, len(samples.responses) // len(samples.prompt_ids)
     lengths, right = mask.sum(dim=1).float(), (accuracies == 1).float()
+    wrong = 1 - right
+    # every process holds as many responses and groups, so a plain mean over processes is the batch's; but not
+    # for a figure per right answer or per token, whose count differs by process: those are summed, then divided
     stats = {
         "charts/reward": rewards.mean().item(),
         "charts/train_accuracy": right.mean().item(),
         "charts/response_length": lengths.mean().item(),
-        "charts/right_response_length": ((lengths * right).sum() / right.sum().clamp(min=1)).item(),
-        "charts/wrong_response_length": ((lengths * (1 - right)).sum() / (1 - right).sum().clamp(min=1)).item(),
+        "charts/right_response_length": global_fraction((lengths * right).sum().item(), right.sum().item()),
+        "charts/wrong_response_length": global_fraction((lengths * wrong).sum().item(), wrong.sum().item()),
         # a group whose advantages are all 0 teaches nothing (skipped with β = 0)
         "charts/zero_signal_fraction": (advantages.view(-1, group_size) == 0).all(dim=1).float().mean().item(),
         "charts/truncated_fraction": samples.truncated.float().mean().item(),
-        "losses/entropy": ((samples.entropies * mask).sum() / mask.sum().clamp(min=1)).item(),
+        "losses/entropy": global_fraction((samples.entropies * mask).sum().item(), mask.sum().item()),
     }
     if old_logprobs is not None:
         stats.update(sampler_gap(samples.logprobs, old_logprobs, mask, first_epoch))

@@ -369,6 +369,45 @@ def test_lengths_of_right_and_wrong_responses_with_one_or_none_of_a_kind():
         assert stats["losses/entropy"] == pytest.approx(expected)
 
 
+def test_figures_per_right_answer_or_per_token_are_the_whole_batchs_under_two_processes(monkeypatch):
+    """Under torchrun every logged figure is averaged over the processes (runs.end_iteration). That is the batch's
+    figure when each process holds as many responses and groups, but not for a length per right answer or an
+    entropy per token: process 0 below has 3 right answers, process 1 one. Those are reduced with global_fraction.
+    Process 1's share is recorded first, then brought into process 0's reductions."""
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # 4 groups of 2: process 0 has the first two
+    lengths = torch.tensor([2, 2, 2, 6, 9, 1, 3, 3])
+    mask = (torch.arange(9).unsqueeze(0) < lengths.unsqueeze(1)).float()
+    truncated = torch.tensor([False, False, False, False, True, False, False, False])
+    entropies = torch.arange(1.0, 9.0).unsqueeze(1) * mask  # response i: entropy i + 1 at each of its tokens
+    advantages = rewards - rewards.view(-1, 2).mean(dim=1).repeat_interleave(2)
+
+    def stats_of(rows):
+        return runs.rollout_stats(samples_of(mask[rows], truncated[rows], entropies[rows], 2), rewards[rows],
+                                  advantages[rows], accuracies=rewards[rows])
+
+    whole = stats_of(slice(0, 8))  # one process
+    own = [stats_of(slice(0, 4)), stats_of(slice(4, 8))]
+    fractions = ["charts/right_response_length", "charts/wrong_response_length", "losses/entropy"]
+    for tag in fractions:  # the data tells the two reductions apart
+        assert (own[0][tag] + own[1][tag]) / 2 != pytest.approx(whole[tag]), tag
+    tags = {tag for tag in whole if tag.startswith(("charts/", "losses/"))}  # perf/: each process's own work
+    for tag in tags - set(fractions):  # the others: a plain mean of the two processes' figures is the batch's
+        assert (own[0][tag] + own[1][tag]) / 2 == pytest.approx(whole[tag]), tag
+    brought = []
+    monkeypatch.setattr(runs, "global_fraction", lambda part, whole: brought.append((part, whole)) or 0.0)
+    stats_of(slice(4, 8))  # process 1
+    shares = iter(brought)
+
+    def with_process_1(part, whole):
+        other_part, other_whole = next(shares)
+        return (part + other_part) / (whole + other_whole)
+
+    monkeypatch.setattr(runs, "global_fraction", with_process_1)
+    process_0 = stats_of(slice(0, 4))
+    for tag in fractions:
+        assert process_0[tag] == pytest.approx(whole[tag]), tag
+
+
 def test_a_categorical_draw_has_the_probabilities_of_the_softmax_and_never_a_token_of_probability_zero():
     """sample_token against the distribution it draws from and against torch.multinomial (the reference draw):
     200,000 draws of each of four rows, every token's frequency within 5 standard deviations of its probability,
