@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from common.decoding import resolve_compiling
-from common.processes import is_sharded, said_by_process_0, world_size
+from common.processes import is_sharded, said_once_per_machine, world_size
 from common.sampling import CPU_RECIPE, Correction, resolve_correction, sampler_differs
 from common.tasks import get_task
 
@@ -169,7 +169,7 @@ def resolve_defaults(args, beta: float) -> list[str]:
     return lines + resolve_compiling(args, gpu) + resolve_correction(args)
 
 
-@said_by_process_0()
+@said_once_per_machine()
 def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> None:
     """One clear line for a bad flag, before anything heavy is loaded: the shared, then the method's.
 

@@ -7,7 +7,7 @@
    `gradient_sync` lets DDP reduce once per optimiser step.
 3. `draw_minibatches`: one epoch's minibatches of whole groups, as many passes on every process.
 4. Reductions across processes: `global_mean`, `global_fraction`, `global_max`.
-5. `said_by_process_0`: a bad flag's line printed once, not by every process.
+5. `said_once_per_machine`: a bad flag's line printed once per machine, not by every process.
 
 None of it is a method: every group file runs the same processes the same way, so it lives here once.
 """
@@ -30,13 +30,15 @@ def world_size() -> int:
 
 
 @contextlib.contextmanager
-def said_by_process_0():
-    """Errors every process finds alike (a bad flag): process 0 alone prints the line; the others leave with the
-    same status, silently. Otherwise torchrun shows the line once per process, sometimes glued into one."""
+def said_once_per_machine():
+    """Errors every process finds alike (a bad flag): the first process of each machine (LOCAL_RANK 0) prints the
+    line; the others leave with the same status, silently. Otherwise torchrun shows the line once per process,
+    sometimes glued into one. Not process 0 alone: what a check reads may differ by machine (a --resume folder,
+    a W&B login), and each machine's console must say why its processes left."""
     try:
         yield
     except SystemExit as e:
-        if isinstance(e.code, str) and os.environ.get("RANK", "0") != "0":
+        if isinstance(e.code, str) and os.environ.get("LOCAL_RANK", "0") != "0":
             raise SystemExit(1) from None
         raise
 

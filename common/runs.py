@@ -28,14 +28,14 @@ from torch import Tensor
 from common.checkpoints import refuse_another_method, refuse_changed_flags, saved_state
 from common.memory import state_parts
 from common.perf import Roofline, work
-from common.processes import (global_fraction, global_max, global_mean, in_lockstep, said_by_process_0,
+from common.processes import (global_fraction, global_max, global_mean, in_lockstep, said_once_per_machine,
                               world_size)
 from common.sampling import sampler_differs
 
 STATUS_EVERY = 15.0  # seconds between the status lines of a long phase
 
 
-@said_by_process_0()
+@said_once_per_machine()
 def parse_args(args_class):
     """The command line as an `args_class` (tyro: one flag per field, its docstring as help).
 

@@ -63,10 +63,13 @@ def test_the_last_seeds_are_refused_when_the_processes_add_their_rank(monkeypatc
     assert str(e.value) == f"error: --seed must be in [0, 2**32 - 3), got {2**32 - 3}"
 
 
-@pytest.mark.parametrize("rank, said", [("0", True), ("1", False)])
-def test_under_torchrun_process_0_alone_says_what_is_wrong(rank, said, in_process, monkeypatch, capsys):
-    # every process checks the same flags: one line on the console, not one per process; the same status
+@pytest.mark.parametrize("rank, local_rank, said", [("0", "0", True), ("1", "1", False), ("2", "0", True)],
+                         ids=["process 0", "process 1", "the second machine's first process"])
+def test_under_torchrun_one_process_per_machine_says_what_is_wrong(rank, local_rank, said, in_process, monkeypatch,
+                                                                   capsys):
+    # every process checks the same flags: one line on each machine's console, not one per process; the same status
     monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
     for argv in (["--group-size", "1"], ["--grup-size", "2"]):  # refuse_bad_args's, then parse_args's
         with pytest.raises(SystemExit) as e:
             in_process("grpo", argv)
