@@ -62,7 +62,7 @@ class Checkpoints:
             self.first_signal, self.stop_asked, self.signal_number = time.time(), True, number
             if self.rank == 0:
                 print(f"\n{signal.Signals(number).name}: stopping after iteration {self.iteration + 1} "
-                      "with a checkpoint (again to stop at once, without one)", flush=True)
+                      f"with a checkpoint (again to stop at once, without one){torchrun_kills()}", flush=True)
 
     def how_to_resume(self) -> str:
         """The command that resumes the run from its latest checkpoint, or why there is none."""
@@ -178,6 +178,15 @@ class Checkpoints:
         `python grpo.py && next` does not go on and a scheduler sees a preempted job."""
         if self.stopping:
             raise SystemExit(128 + (self.signal_number or signal.SIGTERM))
+
+
+def torchrun_kills() -> str:
+    """Under torchrun, what its own signal does: it passes it on, then kills the processes once its
+    --shutdown-timeout has passed, whether the checkpoint is written or not."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # set by torchrun in each process it starts
+        return ""
+    return ("; torchrun, if it was signalled too, kills the processes after its --shutdown-timeout (30 s by "
+            "default: set it above an iteration and a checkpoint, or signal the processes alone)")
 
 
 def launcher(processes: int) -> str:

@@ -194,6 +194,8 @@ def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoin
     stops = checkpoints.Checkpoints("runs/run", model=None, optimizer=None, rng=None, args=None)
     try:
         stops._ask_to_stop(signal.SIGINT, None)
+        assert capsys.readouterr().out == "\nSIGINT: stopping after iteration 1 with a checkpoint (again to stop at " \
+                                          "once, without one)\n"
         stops.first_signal -= 3  # the second comes later than torchrun's echo of the first
         with pytest.raises(SystemExit) as e:
             stops._ask_to_stop(signal.SIGINT, None)
@@ -208,6 +210,12 @@ def test_a_second_signal_stops_at_once_and_offers_a_resume_only_with_a_checkpoin
         monkeypatch.setattr(checkpoints.sys, "argv", ["../repo/grpo.py"])
         monkeypatch.setenv("WORLD_SIZE", "2")
         assert stops.how_to_resume() == "resume with: torchrun --nproc_per_node 2 ../repo/grpo.py --resume runs/run"
+        # torchrun, signalled itself, kills the processes after its --shutdown-timeout: the stop line says so
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+        torchrun = checkpoints.Checkpoints("runs/run", model=None, optimizer=None, rng=None, args=None)
+        torchrun._ask_to_stop(signal.SIGTERM, None)
+        assert "torchrun, if it was signalled too, kills the processes after its --shutdown-timeout (30 s by " \
+               "default" in capsys.readouterr().out
     finally:
         for number, handler in handlers.items():
             signal.signal(number, handler)
