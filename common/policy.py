@@ -48,8 +48,8 @@ class ModelArgs:
     # Memory: models that do not fit with full fine-tuning
     lora_rank: int = 0
     """LoRA rank r: train adapters on every linear layer of attention and MLP; 0 trains every weight"""
-    lora_alpha: float = 32.0
-    """LoRA scale α: the adapter's update is (α / r) B A"""
+    lora_alpha: Optional[float] = None
+    """LoRA scale α: the adapter's update is (α / r) B A; None: 32 (with --lora-rank only)"""
     gradient_checkpointing: bool = False
     """recompute activations in the backward pass: less memory, a second forward pass in the update"""
     fsdp: bool = False
@@ -137,6 +137,7 @@ SCALE_DEFAULTS = {
     "eval_every": (10, 10, 6, "an evaluation every 10 iterations"),
     "eval_size": (200, 128, 64, "held-out prompts, sampled and greedy: an iteration's 256, one compiled step"),
 }
+LORA_ALPHA = 32.0
 LORA_LEARNING_RATE = (1e-5, 2e-4)  # with LoRA: on a GPU ~10× full fine-tuning's; on a CPU measured
 
 
@@ -181,7 +182,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.few_shot is None or args.few_shot >= 0, "--few-shot must be >= 0"),
         *method_checks,
         (args.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
-        (args.lora_alpha > 0, "--lora-alpha must be > 0"),
+        (args.lora_alpha is None or args.lora_alpha > 0, "--lora-alpha must be > 0"),
+        (args.lora_alpha is None or args.lora_rank > 0, "--lora-alpha scales LoRA's adapters: give --lora-rank too"),
         (args.eval_every >= 1, "--eval-every must be >= 1"),
         (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
         (args.eval_samples >= 1, "--eval-samples must be >= 1"),
@@ -357,7 +359,7 @@ def load(args: ModelArgs, device):
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     if args.lora_rank > 0:
-        model = add_lora(model, args.lora_rank, args.lora_alpha)
+        model = add_lora(model, args.lora_rank, LORA_ALPHA if args.lora_alpha is None else args.lora_alpha)
         if device.type == "cuda":
             frozen_weights_to_bfloat16(model)
     return tokenizer, model

@@ -132,6 +132,10 @@ def test_load_gives_an_embedded_model_one_thread_and_turns_on_what_the_flags_say
         _, model = policy.load(resolved(grpo, model=real, cuda=False, **flags)[0], torch.device("cpu"))
         checkpointed = [getattr(m, "gradient_checkpointing", False) is True for m in model.modules()]
         assert any(checkpointed) == bool(flags) and isinstance(model, PeftModel) == bool(flags)
+    # LoRA's α: 32 unless typed (the adapters' scale α / r)
+    for typed, alpha in (dict(), 32.0), (dict(lora_alpha=8.0), 8.0):
+        _, model = policy.load(resolved(grpo, model=real, cuda=False, lora_rank=4, **typed)[0], torch.device("cpu"))
+        assert model.peft_config["default"].lora_alpha == alpha
 
     def frozen_base(device):
         _, model = policy.load(resolved(grpo, model=real, cuda=False, lora_rank=1)[0], torch.device(device))
