@@ -194,6 +194,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.sampler_lag < args.num_iterations, f"--sampler-lag must be below --num-iterations "
          f"({args.num_iterations}): a longer lag samples every iteration with the starting weights"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
+        (args.correction_cap is None or args.correction != "none", "--correction-cap bounds a correction's ratios: "
+         "give a --correction (none is left unset when the sampler is the trainer)"),
     ]
     for ok, message in checks:
         if not ok:

@@ -351,7 +351,7 @@ def resolve_correction(args) -> list[str]:
         args.correction = CORRECTION[kind] if differs and args.old_logprobs == "trainer" else "none"
         if differs:
             lines.append(f"--correction {args.correction}  (the sampler is not the trainer: {why})")
-    if args.correction_cap is None:
+    if args.correction_cap is None and args.correction != "none":
         args.correction_cap = CAPS.get(args.correction, 2.0)
     return lines
 
@@ -367,6 +367,8 @@ def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):
     (eq. 127). The figures are over the tokens of responses with signal (Â ≠ 0), as the update's
     clip fraction is.
     """
+    if correction == "none":  # μ is π_θold, or taken as it
+        return rollout, {}
     mask = rollout.mask
     log_rho = (rollout.old_logprobs - sampler_logprobs).clamp(-20.0, 20.0) * (mask > 0)  # [N, T]
     bound = math.log(cap)
@@ -386,7 +388,7 @@ def correct(rollout, sampler_logprobs: Tensor, correction: str, cap: float):
     rollout = rollout._replace(mask=kept, weights=weights)
     signal = (mask > 0) & (rollout.advantages != 0).unsqueeze(1)  # [N, T]
     tokens = signal.sum().item()
-    if correction == "none" or global_max(tokens) == 0:
+    if global_max(tokens) == 0:
         return rollout, {}
     rho = log_rho.exp()[signal]  # the ratios of the tokens with signal, on this process
     responses = signal.any(dim=1)

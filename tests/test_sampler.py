@@ -287,6 +287,8 @@ def test_with_the_samplers_log_probs_as_pi_old_no_sampler_gap_is_logged(in_proce
     (dict(sampler_lag=5, num_iterations=5), "error: --sampler-lag must be below --num-iterations (5): a longer lag "
                                             "samples every iteration with the starting weights, got 5"),
     (dict(correction_cap=1.0), "error: --correction-cap must be > 1"),
+    (dict(correction_cap=5.0), "error: --correction-cap bounds a correction's ratios: give a --correction"),
+    (dict(correction_cap=5.0, correction="none"), "error: --correction-cap bounds a correction's ratios"),
     (dict(old_logprobs="sampler", correction="token-tis"), "error: --correction token-tis with --old-logprobs"),
 ])
 def test_bad_sampler_flags_give_one_line(fields, message):
@@ -307,13 +309,13 @@ def test_the_correction_follows_the_kind_of_mismatch():
     from common import policy
 
     for fields, expected, cap, old in (
-            (dict(), "none", 2.0, "trainer"), (dict(sampler_lag=1), "none", 2.0, "sampler"),
+            (dict(), "none", None, "trainer"), (dict(sampler_lag=1), "none", None, "sampler"),
             (dict(sampler_lag=1, old_logprobs="trainer"), "sequence-geo-reject", 1.03, "trainer"),
             (dict(sampler_lag=4, correction="token-tis"), "token-tis", 2.0, "trainer"),
             (dict(sampler_dtype="bfloat16"), "token-tis", 2.0, "trainer"),
-            (dict(sampler_dtype="float16", sampler_lag=2), "none", 2.0, "sampler"),
-            (dict(sampler_dtype="float32"), "none", 2.0, "trainer"),
-            (dict(sampler_lag=1, old_logprobs="sampler"), "none", 2.0, "sampler"),
+            (dict(sampler_dtype="float16", sampler_lag=2), "none", None, "sampler"),
+            (dict(sampler_dtype="float32"), "none", None, "trainer"),
+            (dict(sampler_lag=1, old_logprobs="sampler"), "none", None, "sampler"),
             (dict(correction="sequence-mis"), "sequence-mis", 3.0, "trainer"),
             (dict(correction="token-reject", correction_cap=1.5), "token-reject", 1.5, "trainer")):
         args = grpo.Args(**fields)
