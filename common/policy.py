@@ -91,8 +91,8 @@ class ModelArgs:
     """a name of your own for the run, added to its folder's name after the method's"""
     track: bool = False
     """also log to W&B (pip install wandb==0.31.0): the TensorBoard scalars and the flags"""
-    wandb_project_name: str = "policy-gradients"
-    """the Weights & Biases project of --track"""
+    wandb_project_name: Optional[str] = None
+    """the Weights & Biases project of --track; None: policy-gradients"""
     wandb_entity: Optional[str] = None
     """the Weights & Biases team or user of --track; None: your default one"""
 
@@ -193,6 +193,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
         (args.sampler_lag < args.num_iterations, f"--sampler-lag must be below --num-iterations "
          f"({args.num_iterations}): a longer lag samples every iteration with the starting weights"),
+        (args.track or args.wandb_project_name is None, "--wandb-project-name is where --track logs: give --track"),
+        (args.track or args.wandb_entity is None, "--wandb-entity is whom --track logs for: give --track"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
         (args.correction_cap is None or args.correction != "none", "--correction-cap bounds a correction's ratios: "
          "give a --correction (none is left unset when the sampler is the trainer)"),

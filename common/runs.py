@@ -304,7 +304,7 @@ class Board:
             # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
             # it mirrors into it, and copies of copies would pile up in a folder it watches
             try:
-                wandb.init(project=args.wandb_project_name, entity=args.wandb_entity,
+                wandb.init(project=args.wandb_project_name or "policy-gradients", entity=args.wandb_entity,
                            config=vars(args), name=os.path.basename(folder), sync_tensorboard=True)
             except wandb.errors.Error as e:  # a key refused, an unknown entity: one line, no traceback
                 raise SystemExit(f"error: --track: Weights & Biases refused the run ({e}); "

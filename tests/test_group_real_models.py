@@ -468,6 +468,8 @@ def test_model_needing_remote_code_is_refused(tmp_path, folders):
         (dict(lora_rank=-1), 1, "--lora-rank"),
         (dict(lora_alpha=0.0), 1, "--lora-alpha"),
         (dict(lora_alpha=16.0), 1, "--lora-alpha"),  # without --lora-rank it would change nothing
+        (dict(wandb_project_name="mine"), 1, "--wandb-project-name"),  # nor these without --track
+        (dict(wandb_entity="me"), 1, "--wandb-entity"),
         # 4 processes cannot split 6 prompts into whole groups
         (dict(prompts_per_iteration=6), 4, "--prompts-per-iteration"),
         # 8 in all, 4 per process

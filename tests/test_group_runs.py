@@ -649,13 +649,16 @@ def test_track_without_a_login_is_one_line_before_the_model_loads(in_process, mo
 
 def test_track_refused_by_weights_and_biases_is_one_line(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
+    asked = []
 
     def refuse(**kwargs):
+        asked.append(kwargs)
         raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
     monkeypatch.setattr(wandb, "init", refuse)
-    args = types.SimpleNamespace(track=True, wandb_project_name="p", wandb_entity=None)
+    args = types.SimpleNamespace(track=True, wandb_project_name=None, wandb_entity=None)
     with pytest.raises(SystemExit) as e:
         runs.Board(str(tmp_path / "run"), args, first_iteration=1)
+    assert asked[0]["project"] == "policy-gradients"  # the default project
     assert str(e.value).startswith("error: --track: Weights & Biases refused the run (No API key configured.")
     assert "WANDB_MODE=offline" in str(e.value) and "\n" not in str(e.value)
 
