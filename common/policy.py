@@ -193,8 +193,6 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.sampler_lag >= 0, "--sampler-lag must be >= 0 (0: the current weights)"),
         (args.sampler_lag < args.num_iterations, f"--sampler-lag must be below --num-iterations "
          f"({args.num_iterations}): a longer lag samples every iteration with the starting weights"),
-        (args.track or args.wandb_project_name is None, "--wandb-project-name is where --track logs: give --track"),
-        (args.track or args.wandb_entity is None, "--wandb-entity is whom --track logs for: give --track"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
         (args.correction_cap is None or args.correction != "none", "--correction-cap bounds a correction's ratios: "
          "give a --correction (none is left unset when the sampler is the trainer)"),
@@ -204,6 +202,9 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
             value = getattr(args, message.split()[0].removeprefix("--").replace("-", "_"))
             raise SystemExit(f"error: {message}, got {value!r}" if isinstance(value, str) else
                              f"error: {message}, got {value}")
+    typed = [flag for flag in ("wandb_project_name", "wandb_entity") if getattr(args, flag) is not None]
+    if typed and not args.track and args.resume is None:  # (a resumed run keeps its own, --track or not)
+        raise SystemExit(f"error: --{typed[0].replace('_', '-')} says where --track logs: give --track too")
     if args.fsdp and processes == 1:
         raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
                          "--nproc_per_node N (N >= 2)")

@@ -486,3 +486,10 @@ def test_bad_new_flags_give_one_clear_line(module, fields, world_size, flag):
         module.check_args(args, world_size=world_size)
     message = str(e.value)
     assert message.startswith(f"error: {flag} ") and "\n" not in message
+
+
+def test_a_resumed_run_keeps_its_wandb_names_without_track():
+    # its saved flags are the defaults: a run once tracked, resumed with --no-track, still holds its project
+    args = grpo.Args(wandb_project_name="mine", wandb_entity="me", track=False, resume="runs/run")
+    policy.resolve_defaults(args, beta=grpo.BETA)
+    grpo.check_args(args)
