@@ -364,7 +364,7 @@ def load(args: ModelArgs, device):
     if args.gradient_checkpointing:
         checkpoint_activations(model)
     if args.lora_rank > 0:
-        model = add_lora(model, args.lora_rank, LORA_ALPHA if args.lora_alpha is None else args.lora_alpha)
+        model = add_lora(model, args.lora_rank, args.lora_alpha)
         if device.type == "cuda":
             frozen_weights_to_bfloat16(model)
     return tokenizer, model
@@ -410,13 +410,14 @@ def frozen_weights_to_bfloat16(model) -> None:
                     parameter.data = parameter.data.to(torch.bfloat16)
 
 
-def add_lora(model, rank: int, alpha: float):
+def add_lora(model, rank: int, alpha: Optional[float]):
     """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze W and learn W + (α/r) B A on every linear layer
-    of attention and MLP (peft's "all-linear"). B starts at 0, so the policy starts as the model."""
+    of attention and MLP (peft's "all-linear"); α None: 32. B starts at 0, so the policy starts as the model."""
     from peft import LoraConfig, get_peft_model
 
     warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D: peft handles it
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated")  # peft's
+    alpha = LORA_ALPHA if alpha is None else alpha
     config = LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear", lora_dropout=0.0)
     return get_peft_model(model, config)
 
