@@ -185,10 +185,9 @@ def dynamic_sampling(model, prompt_format, task, rng, num_prompts: int, args: Ar
         sampling.pad_cat([s.logprobs for s in sampled], 0, left=False)[rows],
     )
     accuracies, rewards = (torch.cat([r[k] for r in rounds])[rows] for k in (1, 2))
-    # each process stops when its own batch is full, after its own number of rounds: the fraction is of all the
-    # groups sampled on all processes, not a mean of each one's
-    figures = {"charts/sampling_rounds": len(rounds),
-               "charts/mixed_group_fraction": processes.global_fraction(mixed.sum().item(), len(mixed))}
+    # each process stops after its own number of rounds: the fraction is of every process's groups, a (part, whole)
+    # pair that the log sums over the processes (runs.end_iteration)
+    figures = {"charts/sampling_rounds": len(rounds), "charts/mixed_group_fraction": (mixed.sum().item(), len(mixed))}
     return samples, accuracies, rewards, mixed[keep].repeat_interleave(args.group_size), figures
 
 

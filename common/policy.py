@@ -183,7 +183,8 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         *method_checks,
         (args.lora_rank >= 0, "--lora-rank must be >= 0 (0 = full fine-tuning)"),
         (args.lora_alpha is None or args.lora_alpha > 0, "--lora-alpha must be > 0"),
-        (args.lora_alpha is None or args.lora_rank > 0, "--lora-alpha scales LoRA's adapters: give --lora-rank too"),
+        (args.lora_alpha is None or args.lora_rank > 0,
+         "--lora-alpha scales LoRA's adapters: give --lora-rank too"),
         (args.eval_every >= 1, "--eval-every must be >= 1"),
         (args.eval_size is None or args.eval_size >= 1, "--eval-size must be >= 1"),
         (args.eval_samples >= 1, "--eval-samples must be >= 1"),
@@ -194,17 +195,21 @@ def refuse_bad_args(args: ModelArgs, method_checks: list[tuple[bool, str]]) -> N
         (args.sampler_lag < args.num_iterations, f"--sampler-lag must be below --num-iterations "
          f"({args.num_iterations}): a longer lag samples every iteration with the starting weights"),
         (args.correction_cap is None or args.correction_cap > 1, "--correction-cap must be > 1"),
-        (args.correction_cap is None or args.correction != "none", "--correction-cap bounds a correction's ratios: "
-         "give a --correction (none is left unset when the sampler is the trainer)"),
+        (args.correction_cap is None or args.correction != "none",
+         "--correction-cap bounds a correction's ratios: give a --correction (none is left "
+         "unset when the sampler is the trainer)"),
     ]
     for ok, message in checks:
         if not ok:
             value = getattr(args, message.split()[0].removeprefix("--").replace("-", "_"))
             raise SystemExit(f"error: {message}, got {value!r}" if isinstance(value, str) else
                              f"error: {message}, got {value}")
-    typed = [flag for flag in ("wandb_project_name", "wandb_entity") if getattr(args, flag) is not None]
-    if typed and not args.track and args.resume is None:  # (a resumed run keeps its own, --track or not)
-        raise SystemExit(f"error: --{typed[0].replace('_', '-')} says where --track logs: give --track too")
+    # a resumed run keeps its own W&B names, --track or not
+    wandb = [name for name in ("wandb_project_name", "wandb_entity")
+             if getattr(args, name) is not None]
+    if wandb and not args.track and args.resume is None:
+        flag = "--" + wandb[0].replace("_", "-")
+        raise SystemExit(f"error: {flag} says where --track logs: give --track too")
     if args.fsdp and processes == 1:
         raise SystemExit("error: --fsdp shards the model over the processes of torchrun: run it with torchrun "
                          "--nproc_per_node N (N >= 2)")
@@ -411,8 +416,9 @@ def frozen_weights_to_bfloat16(model) -> None:
 
 
 def add_lora(model, rank: int, alpha: Optional[float]):
-    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze W and learn W + (α/r) B A on every linear layer
-    of attention and MLP (peft's "all-linear"); α None: 32. B starts at 0, so the policy starts as the model."""
+    """LoRA (Hu et al. 2021, arXiv 2106.09685): freeze W and learn W + (α/r) B A on every linear
+    layer of attention and MLP (peft's "all-linear"); α None: 32. B starts at 0, so the policy
+    starts as the model."""
     from peft import LoraConfig, get_peft_model
 
     warnings.filterwarnings("ignore", message="fan_in_fan_out")  # gpt2's Conv1D: peft handles it

@@ -246,7 +246,7 @@ class IterationLog:
     def end_iteration(self, iteration: int, scalars: dict, losses: dict[str, list[float]],
                       learning_rate: float) -> None:
         """Log at x = iterations done: means over all processes, written by process 0; then evaluate
-        when due."""
+        when due. A (part, whole) pair is a fraction of what all processes counted: Σ part / Σ whole."""
         elapsed = time.time() - self.clock.iteration_start
         logged = {
             **scalars,
@@ -262,7 +262,8 @@ class IterationLog:
             logged = {tag: v for tag, v in logged.items() if not tag.startswith("charts/sampler_gap")}
         if self.roofline is not None:  # the work of rollout_stats against the machine's ceilings
             logged.update(self.roofline.figures(logged))
-        logged = {tag: global_mean(value) for tag, value in logged.items()}
+        logged = {tag: global_fraction(*value) if isinstance(value, tuple) else global_mean(value)
+                  for tag, value in logged.items()}
         due = iteration % self.eval_every == 0 or iteration == self.num_iterations
         held_out = f"  {self.held_out(iteration)}" if due else ""
         if not self.is_main:
