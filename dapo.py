@@ -154,8 +154,8 @@ def fill_batch(mixed: Tensor, num_groups: int) -> Tensor:
 
 def dynamic_sampling(model, prompt_format, task, rng, num_prompts: int, args: Args, device, forward):
     """Rounds of `num_prompts` prompts × G responses until as many groups have mixed answers (at most
-    --max-sampling-rounds); returns the batch's Samples (fill_batch), its accuracies, rewards,
-    mixed [N] and figures to log."""
+    --max-sampling-rounds); returns the batch's Samples (fill_batch), its accuracies, rewards, mixed [N]
+    and figures to log (a share as a (part, whole) pair: the processes' rounds differ, the log sums them)."""
     rounds = []
     for sampling_round in range(args.max_sampling_rounds):
         pairs = task.prompts(num_prompts, rng)
@@ -185,8 +185,6 @@ def dynamic_sampling(model, prompt_format, task, rng, num_prompts: int, args: Ar
         sampling.pad_cat([s.logprobs for s in sampled], 0, left=False)[rows],
     )
     accuracies, rewards = (torch.cat([r[k] for r in rounds])[rows] for k in (1, 2))
-    # each process stops after its own number of rounds: the fraction is of every process's groups, a (part, whole)
-    # pair that the log sums over the processes (runs.end_iteration)
     figures = {"charts/sampling_rounds": len(rounds), "charts/mixed_group_fraction": (mixed.sum().item(), len(mixed))}
     return samples, accuracies, rewards, mixed[keep].repeat_interleave(args.group_size), figures
 
