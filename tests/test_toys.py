@@ -175,3 +175,19 @@ def test_length_bias_main_prints_the_numbers_and_writes_the_figure(tmp_path, cap
     out = capsys.readouterr().out
     assert path == str(tmp_path / "length_bias_toy.png") and (tmp_path / "length_bias_toy.png").stat().st_size > 0
     assert "-0.463913" in out and "+1.3833e-02" in out and "+2.9420e-05" in out
+
+
+@pytest.mark.parametrize("main, argv, message", [
+    (toys.main, ["--episodes", "0"], "--episodes must be >= 1, got 0"),  # a mean of no episodes: NaN
+    (toys.main, ["--samples", "1"], "--samples must be >= 2, got 1"),  # a sample variance of one weight: NaN
+    (toys.main, ["--max-horizon", "0"], "--max-horizon must be >= 1, got 0"),  # was an IndexError
+    (toys.main, ["--seeds", "1", "-2"], "--seeds must be >= 0, got -2"),
+    (toys.length_bias_main, ["--step-size", "-1"], "--step-size must be > 0, got -1.0"),  # would climb the loss
+    (toys.length_bias_main, ["--step-size", "nan"], "--step-size must be > 0, got nan"),
+    (toys.length_bias_main, ["--seeds", "-1"], "--seeds must be >= 0, got -1"),
+])
+def test_bad_numbers_get_one_line_before_any_work(main, argv, message, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), *argv])
+    captured = capsys.readouterr()
+    assert message in captured.err and captured.out == "" and not list(tmp_path.iterdir())

@@ -34,9 +34,9 @@ and of the binomial count of 1-actions), then checked by Monte Carlo, once per -
 computes its expected gradients in closed form and by enumerating every outcome of a small batch, then
 trains the length policy by SGD, once per method and --seeds value.
 
-    python -m common.lab.toys                              # writes common/results/lab/toy_pathologies.png
+    python -m common.lab.toys                              # writes runs/lab/toy_pathologies.png
     python -m common.lab.toys --out /tmp/lab --seeds 1 2 3 4 5
-    python -m common.lab.toys length-bias                  # writes common/results/lab/length_bias_toy.png
+    python -m common.lab.toys length-bias                  # writes runs/lab/length_bias_toy.png
 
 Only numpy is needed; the figure needs matplotlib (imported lazily).
 """
@@ -229,6 +229,11 @@ def main(argv=None):
     parser.add_argument("--samples", type=int, default=100_000, help="Example 2: episodes per seed")
     parser.add_argument("--max-horizon", type=int, default=20, help="Example 2: H = 1 .. this")
     args = parser.parse_args(argv)
+    # a sample variance needs two episodes; H = 0 has no weight to vary
+    for flag, value, least in (("--episodes", args.episodes, 1), ("--samples", args.samples, 2),
+                               ("--max-horizon", args.max_horizon, 1), ("--seeds", min(args.seeds), 0)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
     seeds = " ".join(map(str, args.seeds))
 
     V, Q, A = evaluate(PI)
@@ -504,6 +509,10 @@ def length_bias_main(argv=None):
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}")
+    if not args.step_size > 0:  # 0 would not move, a negative η would climb the loss
+        parser.error(f"--step-size must be > 0, got {args.step_size}")
+    if min(args.seeds) < 0:  # numpy's generators take no negative seed
+        parser.error(f"--seeds must be >= 0, got {min(args.seeds)}")
     seeds = " ".join(map(str, args.seeds))
     theta0, shared0 = np.zeros((2, L_MAX)), np.zeros((1, L_MAX))
     print(f"Example 3: length policy, p(right) = {P_RIGHT}, L = 1 .. {L_MAX}, {NUM_GROUPS} groups of G = {GROUP_SIZE}, "
