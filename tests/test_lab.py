@@ -296,3 +296,37 @@ def test_sharpen_or_teach_pass_curves_by_hand_and_end_to_end(tmp_path):
         assert curve == pytest.approx(passk.pass_curves(saved["rewards"][label]))
     assert (tmp_path / "sharpen-or-teach.png").read_bytes()[:4] == b"\x89PNG"
     assert "| base |" in (tmp_path / "sharpen-or-teach.md").read_text()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "nope"], "--task must be one of"),
+    (["--few-shot", "-1"], "--few-shot must be >= 0, got -1"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (["--samples", "0"], "--samples must be >= 1, got 0"),
+    (["--labels", "a", "a"], "--labels: each model needs a label of its own ('a' twice)"),
+])
+def test_sharpen_or_teach_bad_flags_get_one_line_before_any_model_loads(argv, message, monkeypatch, capsys):
+    from common.lab import passk
+
+    monkeypatch.setattr(passk, "sample_rewards", lambda *a: pytest.fail("sampled despite a bad flag"))
+    with pytest.raises(SystemExit):
+        passk.main(["--models", "common/models/tiny_model", "common/models/tiny_model", "--labels", "x", "y", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_sharpen_or_teach_keeps_every_model_and_writes_the_command_as_typed(tmp_path, monkeypatch):
+    """Two trained models are two folders named model (runs/<run>/model): by default they are labelled by their
+    paths, not both 'model', which kept one curve of the two; labels with spaces are quoted on the page."""
+    from common.lab import passk
+
+    for run in ("grpo_run", "dapo_run"):
+        (tmp_path / run / "model").mkdir(parents=True)
+    monkeypatch.setattr(passk, "sample_rewards", lambda model, args: [[1.0, 0.0]] if "grpo" in model else [[0.0, 0.0]])
+    models = [str(tmp_path / "grpo_run" / "model"), str(tmp_path / "dapo_run" / "model")]
+    passk.main(["--models", *models, "--samples", "2", "--out", str(tmp_path / "a")])
+    saved = json.loads((tmp_path / "a" / "sharpen-or-teach.json").read_text())
+    assert saved["curves"] == {models[0]: [0.5, 1.0], models[1]: [0.0, 0.0]}
+    passk.main(["--models", *models, "--labels", "after grpo.py", "after dapo.py", "--samples", "2",
+                "--out", str(tmp_path / "b")])
+    page = (tmp_path / "b" / "sharpen-or-teach.md").read_text()
+    assert "--labels 'after grpo.py' 'after dapo.py' --samples 2" in page

@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import shlex
 import sys
 import time
 
@@ -93,7 +94,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m common.lab sharpen-or-teach", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", required=True, help="model folders (the first: the model before RL)")
-    parser.add_argument("--labels", nargs="+", help="a label per model (default: the folder names)")
+    parser.add_argument("--labels", nargs="+", help="a label per model (default: the folder names, or their paths where two names are alike)")
     parser.add_argument("--task", default="addition2", help="the task (default: addition2)")
     parser.add_argument("--few-shot", type=int, default=3, help="examples before each question (default: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="response length cap (default: 16)")
@@ -105,11 +106,24 @@ def main(argv=None) -> None:
     parser.add_argument("--update-results", action="store_true", help="write into common/results/lab instead")
     args = parser.parse_args(argv)
     labels = args.labels or [os.path.basename(os.path.normpath(m)) for m in args.models]
+    if args.labels is None and len(set(labels)) < len(labels):  # runs/<run>/model twice: label by the whole path
+        labels = [os.path.normpath(m) for m in args.models]
     if len(labels) != len(args.models):
         parser.error(f"--labels needs one label per model: {len(args.models)} models, {len(labels)} labels")
-    for flag, value in (("--samples", args.samples), ("--prompts", args.prompts), ("--chunk", args.chunk)):
-        if value < 1:
-            parser.error(f"{flag} must be >= 1, got {value}")
+    twice = [label for label in labels if labels.count(label) > 1]
+    if twice:  # the curves are kept by label: a second model of the same label would replace the first
+        parser.error(f"--labels: each model needs a label of its own ({twice[0]!r} twice)")
+    for flag, value, least in (("--samples", args.samples, 1), ("--prompts", args.prompts, 1),
+                               ("--chunk", args.chunk, 1), ("--few-shot", args.few_shot, 0),
+                               ("--max-new-tokens", args.max_new_tokens, 1)):
+        if value < least:
+            parser.error(f"{flag} must be >= {least}, got {value}")
+    try:  # before any model is loaded: an unknown task must not cost a model's minutes of sampling first
+        from common.tasks import get_task
+
+        get_task(args.task)
+    except ValueError as e:
+        parser.error(str(e))
     missing = [m for m in args.models if not os.path.exists(m)]
     if missing:
         parser.error(f"--models: no such folder: {missing[0]}")
@@ -123,7 +137,7 @@ def main(argv=None) -> None:
         json.dump({"models": dict(zip(labels, args.models)), "args": vars(args), "curves": curves,
                    "rewards": rewards}, f)
     ks = [k for k in (1, 2, 4, 8, 16, 32, 64, 128, 256) if k <= args.samples]
-    lines = [f"# {NAME}", "", f"`python -m common.lab {NAME} {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
+    lines = [f"# {NAME}", "", f"`python -m common.lab {NAME} {shlex.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"{args.prompts} held-out questions of {args.task}, {args.samples} samples each at temperature 1, "
              f"--few-shot {args.few_shot}, --max-new-tokens {args.max_new_tokens}; "
              f"{(time.time() - start) / 60:.0f} min.",
