@@ -94,7 +94,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m common.lab sharpen-or-teach", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", required=True, help="model folders (the first: the model before RL)")
-    parser.add_argument("--labels", nargs="+", help="a label per model (default: the folder names, or their paths where two names are alike)")
+    parser.add_argument("--labels", nargs="+",
+                        help="a label per model (default: the folder names, or their paths where two names are alike)")
     parser.add_argument("--task", default="addition2", help="the task (default: addition2)")
     parser.add_argument("--few-shot", type=int, default=3, help="examples before each question (default: 3)")
     parser.add_argument("--max-new-tokens", type=int, default=16, help="response length cap (default: 16)")
