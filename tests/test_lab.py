@@ -211,6 +211,7 @@ def test_arms_run_alone_and_the_others_are_kept_from_the_saved_curves(tmp_path, 
     (["length-bias", "--num-iterations", "0"], "--num-iterations must be >= 1"),
     (["length-bias", "--parallel", "2", "--cores", "0"], "--cores needs at least --parallel"),
     (["entropy"], "invalid choice"),
+    (["length-bias", "--seeds", "1", "1"], "--seeds: each seed once, got 1 1"),
 ])
 def test_bad_arguments_get_one_line(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -330,3 +331,22 @@ def test_sharpen_or_teach_keeps_every_model_and_writes_the_command_as_typed(tmp_
                 "--out", str(tmp_path / "b")])
     page = (tmp_path / "b" / "sharpen-or-teach.md").read_text()
     assert "--labels 'after grpo.py' 'after dapo.py' --samples 2" in page
+
+
+def test_replot_needs_the_saved_curves_of_its_seeds_and_help_lists_every_experiment(tmp_path, capsys):
+    """--replot without saved curves, or with other seeds than they hold, is one line before anything is drawn; the
+    help's experiment list is whole (it was cut after off-policy)."""
+    with pytest.raises(SystemExit):
+        lab.main(["off-policy", "--replot", "--out", str(tmp_path)])
+    assert f"--replot redraws from {tmp_path / 'off-policy.json'}, which does not exist" in capsys.readouterr().err
+    (tmp_path / "off-policy.json").write_text(json.dumps({"seeds": [1, 2], "wall_seconds": 1.0,
+                                                          "num_iterations": 2, "results": {}}))
+    with pytest.raises(SystemExit):
+        lab.main(["off-policy", "--replot", "--seeds", "1", "2", "3", "--out", str(tmp_path)])
+    assert "holds seeds [1, 2], not [1, 2, 3]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        lab.main(["--help"])
+    help_text = capsys.readouterr().out
+    for name in [*lab.EXPERIMENTS, lab.TOY, "all", "sharpen-or-teach"]:
+        assert f"python -m common.lab {name} " in help_text, name
+    assert "(default: None)" not in help_text

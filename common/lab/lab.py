@@ -328,7 +328,7 @@ def panels(name, results):
         out = {}
         for label, runs in results.items():
             steps, med, low, high = band(runs, tag, window, keep)
-            if x is not None:  # map the step to another x (the same for every seed of an arm: it is deterministic)
+            if x is not None:  # map the step to another x, one per arm: x(runs, step) reduces over the seeds
                 steps = [x(runs, s) for s in steps]
             out[label] = (steps, med, low, high)
         return out
@@ -443,12 +443,16 @@ def write_report(name, results, seeds, wall, path, num_iterations=None):
 
 def main(argv=None):
     class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass  # flag defaults shown, and the experiment list kept as written
+        """Flag defaults shown, and the experiment list kept as written."""
 
-    p = argparse.ArgumentParser(prog="python -m common.lab", description="\n".join(__doc__.splitlines()[:8]),
+        def _get_help_string(self, action):  # a default of None: the help says in words what happens
+            return action.help if action.default is None else super()._get_help_string(action)
+
+    p = argparse.ArgumentParser(prog="python -m common.lab", description="\n\n".join(__doc__.split("\n\n")[:2]),
                                 formatter_class=Formatter)
     p.add_argument("experiment", choices=[*EXPERIMENTS, TOY, "all"], help="which experiment to run")
-    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="seeds of every arm")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="seeds of every arm (default: 1 2 3; under --replot: the saved curves' seeds)")
     p.add_argument("--parallel", type=int, default=2, help="runs at a time (each on one core)")
     p.add_argument("--cores", type=int, nargs="*", default=None,
                    help="pin the runs to these cores with taskset (default: 0..parallel-1 when taskset exists; "
@@ -470,6 +474,8 @@ def main(argv=None):
         unknown = [arm for arm in args.arms if arm not in labels]
         if unknown:
             p.error(f"--arms: no arm {unknown[0]!r} in {args.experiment}; its arms are: " + "; ".join(labels))
+    if args.seeds is not None and len(set(args.seeds)) < len(args.seeds):  # a seed twice: the same run twice
+        p.error(f"--seeds: each seed once, got {' '.join(map(str, args.seeds))}")
     if args.parallel < 1:
         p.error(f"--parallel must be >= 1, got {args.parallel}")
     if args.num_iterations is not None and args.num_iterations < 1:
@@ -480,6 +486,17 @@ def main(argv=None):
         p.error("the figures need matplotlib: pip install -r requirements.txt")
     if args.update_results:
         args.out = os.path.join(ROOT, "common", "results", "lab")
+    names = [*EXPERIMENTS, TOY] if args.experiment == "all" else [args.experiment]
+    for name in names if args.replot else []:  # every saved curve there, or one line before any figure is drawn
+        saved_path = os.path.join(args.out, f"{name}.json")
+        if name != TOY and not os.path.exists(saved_path):
+            p.error(f"--replot redraws from {saved_path}, which does not exist: run the experiment first")
+        if name != TOY and args.seeds is not None:
+            with open(saved_path) as f:
+                saved_seeds = json.load(f)["seeds"]
+            if saved_seeds != args.seeds:  # the figure shows the seeds that ran, whatever --seeds says
+                p.error(f"--replot: {saved_path} holds seeds {saved_seeds}, not {args.seeds}; give those or no --seeds")
+    args.seeds = args.seeds or [1, 2, 3]
     kept = {}  # under --arms: the saved curves of the arms that do not run
     if args.arms is not None:
         saved_path = os.path.join(args.out, f"{args.experiment}.json")
@@ -497,7 +514,6 @@ def main(argv=None):
         p.error(f"--cores needs at least --parallel ({args.parallel}) cores, got {cores}")
     os.makedirs(args.out, exist_ok=True)
 
-    names = [*EXPERIMENTS, TOY] if args.experiment == "all" else [args.experiment]
     for name in names:
         if name == TOY:  # no algorithm file involved: exact computations and a Monte Carlo check
             from common.lab import toys
