@@ -1,0 +1,54 @@
+"""common/tools/card_prep.py: the calls it plans are ones the card accepts, and it makes each folder once."""
+
+import shlex
+import subprocess
+
+from common.tools import card_prep, gpu_check
+from conftest import ROOT
+
+
+def test_the_planned_calls_fit_the_card(tmp_path):
+    for command, carry, timeout in card_prep.CALLS:
+        line = (card_prep.INSTALL if ".whl" in carry else "") + command
+        assert len(line) <= 2000 and len(carry) <= 8 and timeout <= 600  # the device's limits on one call
+    keep, run = (command for command, _, _ in card_prep.CALLS[1:])
+    assert keep.endswith("smollm2_on_gpu keep") and ".smollm2_on_gpu run " in run
+    # the check's flags parse, and its steps' limits leave the models' building (~20 s) room in the call
+    command, _, timeout = card_prep.CALLS[0]
+    words = shlex.split(command.replace("$OUT", str(tmp_path)))
+    assert words[:3] == ["python3", "-m", "common.tools.gpu_check"]
+    options = gpu_check.parse_args(words[3:])
+    limits = dict(gpu_check.STEP_SECONDS, **{step: float(seconds) for step, seconds in
+                                             (limit.split("=") for limit in options.limits)})
+    assert set(options.steps) <= set(limits) and sum(limits[step] for step in options.steps) + 40 <= timeout
+    # the commit --before reads: its grpo.py is there, common/decoding.py (the compiled step) not yet
+    def exists(path):
+        return subprocess.run(["git", "cat-file", "-e", f"{card_prep.BEFORE}:{path}"], cwd=ROOT).returncode == 0
+    assert exists("grpo.py") and not exists("common/decoding.py")
+
+
+def test_each_folder_is_made_once_and_ignored(tmp_path, monkeypatch):
+    monkeypatch.setattr(card_prep, "ROOT", str(tmp_path))
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        if command[:2] == ["git", "archive"]:
+            return subprocess.CompletedProcess(command, 0, stdout=b"")
+        if "download" in command:
+            (tmp_path / ".whl").mkdir()
+        if command[-1] == "split":
+            for i in (1, 2):
+                (tmp_path / f".smollm2-{i}").mkdir()
+                (tmp_path / f".smollm2-{i}" / "half").write_bytes(b"x")
+        return subprocess.CompletedProcess(command, 0)
+
+    card_prep.make(run)
+    assert commands[0] == ["git", "archive", card_prep.BEFORE] and commands[1][0] == "tar"
+    download = commands[2]
+    assert download[-len(card_prep.WHEELS):] == card_prep.WHEELS and "3.12" in download  # the card's Python
+    assert commands[3][-2:] == ["common.tools.smollm2_on_gpu", "split"] and len(commands) == 4
+    card_prep.make(run)  # everything is there: nothing is made again, nothing is added twice to the excludes
+    assert len(commands) == 4
+    excluded = (tmp_path / ".git" / "info" / "exclude").read_text().split()
+    assert excluded == ["/.before/", "/.whl/", "/.smollm2-1/", "/.smollm2-2/"]
