@@ -184,19 +184,31 @@ def _scalars(start=10.0):
 
 
 def test_summarise_counts_training_from_the_first_evaluation_and_leaves_evaluations_out_of_s_per_iter():
-    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9, eval_every=10)
+    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9)
     assert row["startup"] == pytest.approx(4.0)  # launch → iteration-0 evaluation logged
     assert (row["x_to"], row["acc0"], row["gap"]) == (10, 0.5, 3.3)
     assert row["s_to"] == pytest.approx(10 * 0.5 + 2.0)  # from the start of training, the evaluation included
     assert row["s_iter"] == pytest.approx(0.5)  # the interval after iteration 10 holds an evaluation: left out
     assert row["final"] == pytest.approx((0.5 + 0.92 + 0.88) / 3) and row["final_greedy"] == pytest.approx(0.97)
-    never = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.95, eval_every=10)
+    never = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.95)
     assert math.isnan(never["x_to"]) and math.isnan(never["s_to"])
-    assert math.isnan(C.summarise({}, 0.0, 1.0, 1.0, 0.9, 10)["s_iter"])  # nothing logged: NaN, not an error
+    assert math.isnan(C.summarise({}, 0.0, 1.0, 1.0, 0.9)["s_iter"])  # nothing logged: NaN, not an error
+
+
+def test_s_per_iter_leaves_out_grpo_pys_evaluations_too():
+    """grpo.py evaluates at iteration 10 before it logs iteration 10 (TRL's callback after): the 2 s land in the
+    interval 9 → 10, which s/iter leaves out, as it leaves out 10 → 11 on TRL's side (_scalars)."""
+    reward, wall = [], 10.0
+    for i in range(1, 21):
+        wall += 0.5 + (2.0 if i in (10, 20) else 0.0)
+        reward.append((wall, i, 0.5))
+    accuracy = [(10.0, 0, 0.5), (reward[9][0] - 0.1, 10, 0.92), (reward[19][0] - 0.1, 20, 0.88)]
+    row = C.summarise({"charts/reward": reward, "charts/accuracy": accuracy}, 6.0, 30.0, 1.5, 0.9)
+    assert row["s_iter"] == pytest.approx(0.5)  # was 13 / 18 = 0.72: 9 → 10 and 19 → 20 kept, 10 → 11 left out
 
 
 def test_markdown_medians_count_unreached_seeds_as_never():
-    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9, eval_every=10)
+    row = C.summarise(_scalars(), launch=6.0, run_seconds=30.0, peak_gb=1.5, threshold=0.9)
     unreached = dict(row, x_to=float("nan"), s_to=float("nan"))
     text = C.markdown({"grpo": [(1, row), (2, row), (3, unreached)],
                        "trl": [(1, unreached), (2, unreached), (3, None)]}, 0.9)

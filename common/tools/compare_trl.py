@@ -434,12 +434,12 @@ def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin,
     return scalars, launch_time, run_seconds, peak_gb
 
 
-def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float,
-              eval_every: int) -> dict:
+def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, threshold: float) -> dict:
     """One row of a run's numbers (NaN where missing). Training starts when the iteration-0 evaluation is logged.
 
-    s/iter is the mean wall time between consecutive iterations' logs, leaving out the intervals that hold a
-    held-out evaluation (after iterations 10, 20, ...) and the first iteration (warm-up).
+    s/iter is the mean wall time between consecutive iterations' logs, leaving out the first iteration (warm-up)
+    and each interval in which a held-out evaluation was logged: grpo.py evaluates before it logs iteration 10,
+    TRL's callback after, so the interval is found by the evaluation's own time, not by its iteration.
     """
     nan = float("nan")
     accuracy = scalars.get("charts/accuracy", [])
@@ -454,7 +454,9 @@ def summarise(scalars: dict, launch: float, run_seconds: float, peak_gb: float, 
             row["x_to"], row["s_to"] = step, wall - start
             break
     walls = {step: wall for wall, step, _ in scalars.get("charts/reward", [])}
-    gaps = [walls[i] - walls[i - 1] for i in walls if i - 1 in walls and i - 1 >= 1 and (i - 1) % eval_every]
+    evaluated = [wall for wall, _, _ in accuracy]
+    gaps = [walls[i] - walls[i - 1] for i in walls if i - 1 in walls and i - 1 >= 1
+            and not any(walls[i - 1] < wall <= walls[i] for wall in evaluated)]
     row["s_iter"] = statistics.mean(gaps) if gaps else nan
     gap = scalars.get("diagnostics/scoring_gap_nats", [])
     row["gap"] = gap[0][2] if gap else nan
@@ -573,7 +575,7 @@ def main(argv=None):
             runs = list(pool.map(lambda job_core: run_one(job_core[0][1], job_core[0][0], args.num_iterations,
                                                           args.flags, job_core[1], args.keep), zip(batch, cores)))
         for (seed, variant), run in zip(batch, runs):
-            row = None if run is None else summarise(*run, args.threshold, g.eval_every)
+            row = None if run is None else summarise(*run, args.threshold)
             results[variant].append((seed, row))
             if row is not None:
                 print(f"[compare_trl] {variant} seed {seed}: {row['run_s']:.0f} s, "
