@@ -60,6 +60,24 @@ def test_the_plan_sizes_passes_as_a_run_does():
     assert memory.pass_size(16, 8, 65 * 2**20, memory.CPU_PASS_BUDGET) == 16
 
 
+def test_the_plans_cpu_rows_run_the_beta_of_the_command_they_plan():
+    """A CPU row is the no-flag command of a real model, whose β the CPU recipe sets (0: no reference model), not the
+    method's 0.04, which charged SmolLM2's row a reference copy it does not hold (2.5 GiB of state, not 2.0)."""
+    import grpo
+    from common import policy
+    from common.tools import scale as tool
+
+    args = grpo.Args(model="HuggingFaceTB/SmolLM2-135M-Instruct", cuda=False)
+    policy.resolve_defaults(args, beta=grpo.BETA)
+    assert [beta for _, where, *_, beta, _ in tool.PLAN if where == "cpu"] == [args.beta, args.beta]
+
+
+def test_an_80_gb_card_is_what_torch_reports_for_one():
+    from common.tools import scale as tool
+
+    assert 79 * 2**30 < tool.GPU_MEMORY < 79.5 * 2**30  # total_memory of an A100 or H100 80GB, not 80e9 bytes
+
+
 def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):
     import torch
 
