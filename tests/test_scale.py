@@ -32,7 +32,7 @@ def test_tiny_run_fills_a_row():
     seconds = [float(cell) for cell in cells[2:6]]
     assert all(s >= 0 for s in seconds) and abs(seconds[3] - sum(seconds[:3])) < 0.02
     assert cells[6].endswith("%") and 0 < float(cells[6][:-1]) <= 100  # generation's share of the iteration
-    assert float(cells[7]) > 0 and cells[8].endswith("GB RSS")
+    assert float(cells[7]) > 0 and cells[8].endswith("GiB RSS")
     assert float(cells[9]) == 0.0  # one step per iteration, at ratio 1: nothing clipped on a CPU
 
 

@@ -178,12 +178,12 @@ def columns(fam, threshold):
         return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
                 ("lowest after", "low_after", "{:.1f}"), ("final return (last 20)", "final", "{:.1f}"),
                 ("SPS", "sps", "{:,.0f}"),
-                ("run seconds", "run_s", "{:.1f}"), ("peak RSS GB", "rss", "{:.2f}")]
+                ("run seconds", "run_s", "{:.1f}"), ("peak RSS GiB", "rss", "{:.2f}")]
     return [(f"{x} to {t}", "x_to", "{:,.0f}"), (f"seconds to {t}", "s_to", "{:.1f}"),
             ("final accuracy (last 3 evals)", "final", "{:.3f}"), ("response length", "length", "{:.1f}"),
             ("clipfrac", "clipfrac", "{:.3f}"), ("tokens/s", "tok_s", "{:,.0f}"), ("samples/s", "smp_s", "{:,.1f}"),
             ("s/iter gen / logp / update", ("t_gen", "t_logp", "t_upd"), "{:.2f}"), ("run seconds", "run_s", "{:.1f}"),
-            ("peak RSS GB", "rss", "{:.2f}")]
+            ("peak RSS GiB", "rss", "{:.2f}")]
 
 
 def fmt(row, key, spec):
@@ -253,7 +253,7 @@ def stderr_tail(workdir, lines=5):
 
 
 def run_one(algo, seed, env_id, extra, pin_core, keep):
-    """Run one script in a fresh temporary directory; returns (scalars, launch_time, run_seconds, peak RSS GB)."""
+    """Run one script in a fresh temporary directory; returns (scalars, launch_time, run_seconds, peak RSS GiB)."""
     fam = family_of(algo)
     script = os.path.join(ROOT, f"{algo}.py")
     cmd = [sys.executable, script, "--seed", str(seed)]

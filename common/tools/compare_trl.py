@@ -472,7 +472,7 @@ COLUMNS = [  # (header, key, format)
     ("s/iter", "s_iter", "{:.3f}"),
     ("start-up s", "startup", "{:.1f}"),
     ("run seconds", "run_s", "{:.1f}"),
-    ("peak RSS GB", "rss", "{:.2f}"),
+    ("peak RSS GiB", "rss", "{:.2f}"),
     ("log-prob gap at start, nats/token", "gap", "{:.2f}"),
 ]
 

@@ -270,7 +270,7 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
         update=median("perf/update_seconds"),
         tokens_per_second=median("charts/tokens_per_second"),
         clipped_at_one=median("losses/clipfrac"),  # sapo.py logs its gate instead: nan
-        memory=f"{max(gpu):.1f} GB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GB RSS",
+        memory=f"{max(gpu):.1f} GiB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GiB RSS",
     )
 
 
