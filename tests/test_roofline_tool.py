@@ -50,3 +50,20 @@ def test_the_operation_timer_sorts_matmuls_from_the_rest_and_sees_the_backward_p
     assert {"randn", "_softmax", "exp"} <= set(ops)
     matmul, other = R.matmul_and_other(ops)
     assert matmul == 0 and other > 0
+
+
+def test_attention_on_a_cpu_is_counted_as_the_gpus_kernels_are():
+    """The CPU's attention kernel has no formula in torch's FLOP counter: without one its products counted 0."""
+    import torch
+
+    b, h, t, d = 2, 3, 16, 8
+    query = torch.randn(b, h, t, d, requires_grad=True)
+    key, value = torch.randn(b, 1, t, d), torch.randn(b, 1, t, d)  # grouped-query: one key/value head for three
+
+    def attend():
+        attention = torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, enable_gqa=True)
+        attention.sum().backward()
+
+    product = 2 * b * h * t * t * d  # one [t, d] × [d, t] product per head, a multiply-add = 2 FLOPs
+    # forward: scores and their weighted sum; backward: the scores again and four gradient products
+    assert R.measure(attend, repeats=1)["flops"] == 2 * product + 5 * product

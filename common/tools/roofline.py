@@ -122,12 +122,31 @@ def matmul_and_other(seconds: dict) -> tuple[float, float]:
     return matmul, sum(seconds.values()) - matmul
 
 
+def attention_flops(torch) -> dict:
+    """FlopCounterMode's formulas for the CPU's attention kernel, forward and backward: torch counts only the GPU's
+    (flash, efficient, cuDNN), so on a CPU the attention's products were counted as 0 FLOPs. The GPU's formulas are
+    reused, so a CPU and a GPU count the same work (the full T × T scores, as torch counts them, causal or not)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs):
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs):
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    return {aten._scaled_dot_product_flash_attention_for_cpu: forward,
+            aten._scaled_dot_product_flash_attention_for_cpu_backward: backward}
+
+
 def measure(run, repeats: int, reset=lambda: None) -> dict:
     """FLOPs, median seconds, and seconds in matmul and in other operations of `run()`, with `reset()` (untimed)
     after each run."""
+    import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=attention_flops(torch))
     with counter:
         run()
     reset()
