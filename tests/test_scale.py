@@ -127,3 +127,18 @@ def test_the_tools_frozen_copy_is_what_policy_stores_on_a_gpu():
         policy.frozen_weights_to_bfloat16(model)
         stored = sum(p.numel() * p.element_size() for p in model.parameters())
         assert counted == stored and stored > 2 * sum(p.numel() for p in model.parameters())
+
+
+def test_the_variants_hold_a_reference_model_unless_a_beta_is_typed():
+    """The variants measure the reference copy (β = 0.04): a real model on a CPU resolves β to 0 when none is typed,
+    so without the flag `full` measured no reference at all. A --beta after -- is the user's and wins alone."""
+    import argparse
+
+    from common.tools import scale as S
+
+    args = argparse.Namespace(iterations=3, prompts=8, group_size=8, max_new_tokens=64, micro_batch_size=16, extra=[])
+    flags = S.script_flags("folder", "full", args)
+    assert flags[flags.index("--beta") + 1] == "0.04"
+    for extra in (["--beta", "0.1"], ["--beta=0.1"]):
+        flags = S.script_flags("folder", "lora", argparse.Namespace(**{**vars(args), "extra": extra}))
+        assert [flag for flag in flags if flag.startswith("--beta")] == extra[:1] and flags[-len(extra):] == extra

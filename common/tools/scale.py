@@ -238,13 +238,19 @@ def scalars(run_dir: str) -> dict:
     return {tag: [e.value for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
+def script_flags(folder: str, variant: str, args) -> list[str]:
+    """The script's flags for one variant. β = 0.04 unless typed after --: the variants measure the reference
+    copy's cost, which a real model on a CPU (β = 0 by default there) and gspo.py (its own β = 0) would skip."""
+    beta = [] if any(flag.split("=")[0] == "--beta" for flag in args.extra) else ["--beta", "0.04"]
+    return ["--model", folder, "--num-iterations", str(args.iterations), "--prompts-per-iteration", str(args.prompts),
+            "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-size", "1",
+            "--eval-every", str(args.iterations + 1), "--micro-batch-size", str(args.micro_batch_size),
+            "--num-minibatches", "1", "--learning-rate", "1e-6", *beta, *VARIANTS[variant], *args.extra]
+
+
 def run_variant(script: str, folder: str, variant: str, args) -> dict:
     """One subprocess; its peak RSS comes back through a tiny wrapper process that waits for it alone."""
-    flags = ["--model", folder, "--num-iterations", str(args.iterations), "--prompts-per-iteration", str(args.prompts),
-             "--group-size", str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--eval-size", "1",
-             "--eval-every", str(args.iterations + 1), "--micro-batch-size", str(args.micro_batch_size),
-             "--num-minibatches", "1", "--learning-rate", "1e-6", *VARIANTS[variant], *args.extra]
-    command = [sys.executable, os.path.join(ROOT, script), *flags]
+    command = [sys.executable, os.path.join(ROOT, script), *script_flags(folder, variant, args)]
     if args.core is not None:
         command = ["taskset", "-c", str(args.core), *command]
     wrapper = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
