@@ -17,6 +17,9 @@ def scale(*flags):
 @pytest.mark.parametrize("flags, message", [
     (["--micro-batch-size", "5"], "error: --micro-batch-size must divide --prompts × --group-size = 64"),
     (["--group-size", "1"], "error: --iterations, --prompts and --max-new-tokens must be >= 1, --group-size >= 2"),
+    (["--micro-batch-size", "0"], "error: --micro-batch-size must be >= 1, got 0"),
+    (["--micro-batch-size", "-16"], "error: --micro-batch-size must be >= 1, got -16"),
+    (["--threads", "0"], "error: --threads must be >= 1, got 0"),
 ])
 def test_bad_arguments_give_one_line(flags, message):
     result = scale(*flags)

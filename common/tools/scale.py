@@ -308,6 +308,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.iterations < 1 or args.prompts < 1 or args.group_size < 2 or args.max_new_tokens < 1:
         raise SystemExit("error: --iterations, --prompts and --max-new-tokens must be >= 1, --group-size >= 2")
+    for flag, value in (("--micro-batch-size", args.micro_batch_size), ("--threads", args.threads)):
+        if value < 1:  # 0 divided by zero below; OMP_NUM_THREADS=0 is refused by OpenMP, which takes every core
+            raise SystemExit(f"error: {flag} must be >= 1, got {value}")
     if (args.prompts * args.group_size) % args.micro_batch_size:
         raise SystemExit("error: --micro-batch-size must divide --prompts × --group-size = "
                          f"{args.prompts * args.group_size}")
