@@ -127,3 +127,21 @@ def test_results_table_shows_the_tuned_flags():
         for algo, flags in per_algo.items():
             if flags:
                 assert f"`{flags}`" in table, f"classic.md: flags of {algo} on {env_id} missing or different"
+
+
+def test_seeds_are_interleaved_across_algorithms(monkeypatch, capsys):
+    """Seed 1 of every algorithm, then seed 2: a machine that slows down mid-benchmark slows every algorithm's
+    later seeds alike, not the last algorithm's every seed. The tables still list each algorithm's seeds together."""
+    calls = []
+
+    def run_one(algo, seed, *rest):
+        calls.append((algo, seed))
+        return {}, 0.0, 1.0, 0.5
+
+    monkeypatch.setattr(B, "run_one", run_one)
+    B.main(["--algos", "grpo", "dapo", "--seeds", "1", "2", "3", "--no-pin"])
+    assert calls == [("grpo", 1), ("dapo", 1), ("grpo", 2), ("dapo", 2), ("grpo", 3), ("dapo", 3)]
+    rows = [line.split(" | ")[:2] for line in capsys.readouterr().out.splitlines() if line.startswith("| grpo | ")
+            or line.startswith("| dapo | ")]
+    assert rows[:6] == [["| grpo", "1"], ["| grpo", "2"], ["| grpo", "3"], ["| dapo", "1"], ["| dapo", "2"],
+                        ["| dapo", "3"]]

@@ -10,7 +10,8 @@ common/results/ were measured), in a
 fresh temporary working directory so that its runs/ folder holds exactly one run. Its event file is
 then read back and summarised; seconds are event wall time minus the subprocess launch time, so
 they include Python start-up and imports. Every table also gives each run's wall time and its peak
-resident memory (the kernel's own count for that process, whatever else runs beside it).
+resident memory (the kernel's own count for that process, whatever else runs beside it). The runs go seed by seed
+(seed 1 of every script, then seed 2, ...), so that a drift in the machine's speed falls on every script alike.
 
 The algorithm name decides the family:
   classic (vpg a2c trpo ppo): x = env steps; "reached" = mean of the last 20 episodic returns
@@ -373,16 +374,16 @@ def main(argv=None):
     if extra:
         label += f" ({' '.join(extra)})"
 
-    results = {threshold: {} for threshold in thresholds}  # the same runs, tabulated once per threshold
-    curves = {}
-    for algo in args.algos:
-        curves[algo] = []
-        for seed in args.seeds:
+    # the same runs, tabulated once per threshold
+    results = {threshold: {algo: [] for algo in args.algos} for threshold in thresholds}
+    curves = {algo: [] for algo in args.algos}
+    for seed in args.seeds:  # seed 1 of every algorithm, then seed 2: a drift in machine speed hits them all alike
+        for algo in args.algos:
             scalars, launch, run_seconds, peak_gb = run_one(algo, seed, args.env_id, algo_extra[algo], pin, args.keep)
             for threshold in thresholds:
                 row = summarise(fam, scalars, threshold, launch)
                 row["run_s"], row["rss"] = run_seconds, peak_gb
-                results[threshold].setdefault(algo, []).append((seed, row))
+                results[threshold][algo].append((seed, row))
             curves[algo].append(curve(fam, scalars))
     flags = "".join(f"- {a}: `{' '.join(algo_extra[a]) or '(defaults)'}`\n" for a in args.algos)
     tables = "\n".join(markdown(fam, label, threshold, results[threshold]) for threshold in thresholds)
