@@ -3,6 +3,7 @@ update runs the passes scoring runs, forward and backward (about 3× the forward
 its phases, every share of the peak lies between 0 and 1, and the split of the seconds adds up."""
 import pytest
 
+from common.tasks import TASKS
 from common.tools import roofline as R
 
 
@@ -19,6 +20,13 @@ def test_bad_arguments_give_one_line(argv, message):
     with pytest.raises(SystemExit) as e:
         R.parse_args(["--model", "common/models/tiny_model", *argv])
     assert str(e.value) == message
+
+
+def test_an_unknown_task_is_one_line_before_the_model_loads():
+    with pytest.raises(SystemExit) as e:  # was a ValueError's traceback after the model and the matmul peak
+        R.main(["--model", "common/models/tiny_model", "--task", "nope"])
+    assert str(e.value) == (f"error: --task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py "
+                            "file of your own, got 'nope'")
 
 
 def test_the_flops_of_the_phases_add_up_on_the_embedded_model(capsys):

@@ -3,12 +3,15 @@ rounding, whose bfloat16 gaps are larger (the same weights, other arithmetic), a
 smaller than the bfloat16 copy's (10 bits of mantissa against 7: the FP16 paper's fix at the source)."""
 import pytest
 
+from common.tasks import TASKS
 from common.tools import sampler_gap as G
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--group-size", "1"], "error: --group-size must be >= 2, got 1"),
     (["--few-shot", "-1"], "error: --few-shot must be >= 0, got -1"),
+    (["--task", "nope"], f"error: --task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py "
+                         "file of your own, got 'nope'"),  # was a ValueError's traceback after the model loaded
 ])
 def test_bad_arguments_give_one_line(argv, message):
     with pytest.raises(SystemExit) as e:

@@ -2,6 +2,7 @@
 passes it times compute the same log-probabilities and gradient (the figures it prints next to the timings)."""
 import pytest
 
+from common.tasks import TASKS
 from common.tools import shared_prompt as S
 
 
@@ -9,6 +10,8 @@ from common.tools import shared_prompt as S
     (["--group-size", "1"], "error: --group-size must be >= 2, got 1"),
     (["--repeats", "0"], "error: --repeats must be >= 1, got 0"),
     (["--few-shot", "-1"], "error: --few-shot values must be >= 0, got [-1]"),
+    (["--task", "nope"], f"error: --task must be one of {', '.join(TASKS)}, the path of a .jsonl file or of a .py "
+                         "file of your own, got 'nope'"),  # was a ValueError's traceback after the model loaded
 ])
 def test_bad_arguments_give_one_line(argv, message):
     with pytest.raises(SystemExit) as e:

@@ -171,19 +171,23 @@ def main(argv=None) -> None:
         os.chdir(root)
         os.execv(sys.executable, [sys.executable, os.path.abspath(__file__), *argv])
     sys.path.insert(0, root)
+    from common.tasks import get_task  # --root's tasks: an unknown one is one line before anything loads
+
+    try:
+        task = get_task(args.task)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     import random
 
     import torch
 
     import grpo
     from common import policy, processes, sampling
-    from common.tasks import get_task
 
     torch.set_num_threads(args.threads)
     cpu = torch.device("cpu")
     peak = matmul_peak(torch)
     tokenizer, model = policy.load_policy(args.model, cpu)
-    task = get_task(args.task)
     questions = [p for p, _ in task.prompts(args.prompts, random.Random(args.seed))]
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-5,
                                  fused=args.adam == "fused", foreach=False)

@@ -46,6 +46,12 @@ def parse_args(argv):
                                ("--micro-batch-size", args.micro_batch_size, 1), ("--threads", args.threads, 1)):
         if value < least:
             raise SystemExit(f"error: {flag} must be >= {least}, got {value}")
+    try:  # an unknown task: one line before the model loads, not a traceback after
+        from common.tasks import get_task
+
+        get_task(args.task)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     if args.model == SMOLLM2 and not os.path.isdir(SMOLLM2):
         raise SystemExit(f"error: no {SMOLLM2}: make it with `python -m common.models.smollm2`, or pass --model")
     return args

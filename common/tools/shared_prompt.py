@@ -43,6 +43,12 @@ def parse_args(argv):
             raise SystemExit(f"error: {flag} must be >= {least}, got {value}")
     if any(k < 0 for k in args.few_shot):
         raise SystemExit(f"error: --few-shot values must be >= 0, got {args.few_shot}")
+    try:  # an unknown task: one line before the model loads, not a traceback after
+        from common.tasks import get_task
+
+        get_task(args.task)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}")
     if args.model == SMOLLM2 and not os.path.isdir(SMOLLM2):
         raise SystemExit(f"error: no {SMOLLM2}: make it with `python -m common.models.smollm2`, or pass --model")
     return args
