@@ -145,3 +145,36 @@ def test_seeds_are_interleaved_across_algorithms(monkeypatch, capsys):
             or line.startswith("| dapo | ")]
     assert rows[:6] == [["| grpo", "1"], ["| grpo", "2"], ["| grpo", "3"], ["| dapo", "1"], ["| dapo", "2"],
                         ["| dapo", "3"]]
+
+
+@pytest.mark.parametrize("tool, argv", [
+    ("benchmark", ["--algos", "ppo", "--out", "{missing}/table.md"]),
+    ("benchmark", ["--algos", "ppo", "--plot", "{missing}/curves.png"]),
+    ("compare_trl", ["--out", "{missing}/trl.md"]),
+    ("curves", ["{run}", "--out", "{missing}/curves.png"]),
+    ("gpu_check", ["--dry-run", "--out", "{missing}/gpu.md"]),
+    ("smollm2_on_gpu", ["run", "--out", "{missing}/smollm2.md"]),
+])
+def test_an_output_file_in_a_missing_folder_is_refused_before_any_run(tool, argv, tmp_path, monkeypatch):
+    """--out and --plot were opened only after the runs (hours of them), and failed there on a folder not made."""
+    import importlib
+
+    from common.tools import scale
+
+    def ran(*args, **kwargs):
+        raise AssertionError("a run started")
+
+    monkeypatch.setattr(B, "run_one", ran)
+    monkeypatch.setattr(scale, "build_model", ran)  # the GPU check's first heavy step
+    module = importlib.import_module(f"common.tools.{tool}")
+    if tool == "smollm2_on_gpu":
+        monkeypatch.setattr(module, "join", ran)
+    if tool == "compare_trl":
+        monkeypatch.setattr(module, "require_optional", ran)  # what main does first, before the runs
+    missing = tmp_path / "not_made"
+    argv = [arg.format(missing=missing, run=tmp_path) for arg in argv]
+    with pytest.raises(SystemExit) as e:
+        module.main(argv)
+    path = next(arg for arg in argv if arg.startswith(str(missing)))
+    flag = argv[argv.index(path) - 1]
+    assert str(e.value) == f"error: {flag} {path}: no folder {missing}; make it first, or write the file elsewhere"

@@ -228,6 +228,13 @@ def markdown(fam, label, threshold, results):
     return "\n".join(lines) + "\n"
 
 
+def refuse_missing_folder(flag, path):
+    """One line before any run for an output file whose folder does not exist: open() would fail only after them."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise SystemExit(f"error: {flag} {path}: no folder {folder}; make it first, or write the file elsewhere")
+
+
 def tuned_args(algo, env_id):
     """The flags TUNED gives this algorithm on this env, as a list; a clear error if there are none."""
     if algo not in TUNED.get(env_id, {}):
@@ -360,6 +367,9 @@ def main(argv=None):
     if args.tuned and fam is not CLASSIC:
         raise SystemExit("error: --tuned is for the classic scripts (vpg a2c trpo ppo)")
     algo_extra = {a: (tuned_args(a, args.env_id) if args.tuned else []) + extra for a in args.algos}
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is not None:
+            refuse_missing_folder(flag, path)
     thresholds = args.threshold or [fam.default_thresholds.get(args.env_id, fam.fallback_threshold)]
     pin = None if args.no_pin else args.core
     if pin is not None and shutil.which("taskset") is None:

@@ -59,7 +59,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)  # grpo.py is imported by the worker
 
-from common.tools.benchmark import fmt, launch, median_row, read_scalars, stderr_tail  # noqa: E402  (stdlib + tensorboard)
+from common.tools.benchmark import (  # noqa: E402  (stdlib + tensorboard)
+    fmt,
+    launch,
+    median_row,
+    read_scalars,
+    refuse_missing_folder,
+    stderr_tail,
+)
 
 VARIANTS = ("grpo", "trl", "trl-hook")
 OPTIONAL = ("trl", "datasets", "accelerate")  # imported only by the TRL side
@@ -537,6 +544,8 @@ def parse_args(argv):
     for ok, message in checks:
         if not ok:
             raise SystemExit(f"error: {message}")
+    if args.out is not None:
+        refuse_missing_folder("--out", args.out)
     args.flags = flags
     return args
 

@@ -42,6 +42,9 @@ def main(argv=None) -> None:
     missing = [run for run in args.runs if not os.path.isdir(run)]
     if missing:
         parser.error(f"no such run folder: {missing[0]}")
+    from common.tools.benchmark import refuse_missing_folder
+
+    refuse_missing_folder("--out", args.out)  # before matplotlib's import and the logs' reading
     import matplotlib
 
     matplotlib.use("Agg")

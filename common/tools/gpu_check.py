@@ -713,6 +713,10 @@ def main(argv=None) -> None:
         step = step_before if options.step == "before" else STEPS[options.step]
         print("\n".join(["@@table", *step(shapes, folders, options)]), flush=True)
         return
+    if options.out:  # written after the first step, minutes of a lease in
+        from common.tools.benchmark import refuse_missing_folder
+
+        refuse_missing_folder("--out", options.out)
     import importlib.util
 
     import torch

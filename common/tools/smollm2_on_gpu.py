@@ -148,6 +148,10 @@ def main(argv=None) -> None:
         shutil.copyfile(HALVES[0], KEPT)
         print(f"kept: {KEPT}")
         return
+    if args.out:  # written after the run
+        from common.tools.benchmark import refuse_missing_folder
+
+        refuse_missing_folder("--out", args.out)
     start = time.time()
     wheel = join()
     from common.models import smollm2
