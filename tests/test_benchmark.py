@@ -50,6 +50,7 @@ def test_group_family_reads_accuracy_and_perf_tags():
     text = B.markdown(B.GROUP, "group methods", 0.9, {"grpo": [(1, row), (2, dict(row, x_to=float("nan")))]})
     assert "| grpo | 1 | 10 | 15.0 | 0.917 | 5.0 | 0.200 | 100 | 10.0 | 2.00 / 0.50 / 0.25 | 50.0 | 1.25 |" in text
     assert "| grpo | 1/2 |" in text  # one seed of two reached the threshold
+    assert "| run seconds | peak RSS GiB |" in text  # ru_maxrss's kB / 2**20: GiB, not GB
 
 
 def test_medians_count_unreached_seeds_as_infinite():

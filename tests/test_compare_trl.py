@@ -215,6 +215,7 @@ def test_markdown_medians_count_unreached_seeds_as_never():
     assert "| grpo | 2/3 | 10 | 7.0 | 0.500 |" in text
     assert "| trl | 0/3 (1 failed) | — | — |" in text  # no median iteration count when most seeds never got there
     assert "| trl | 3 | failed |" in text and "| grpo | 3 | — | — | 0.500 |" in text
+    assert "| peak RSS GiB |" in text  # ru_maxrss's kB / 2**20: GiB, not GB
 
 
 # ---------------------------------------------------------------- the position-id hook

@@ -35,7 +35,7 @@ def test_tiny_run_fills_a_row():
     seconds = [float(cell) for cell in cells[2:6]]
     assert all(s >= 0 for s in seconds) and abs(seconds[3] - sum(seconds[:3])) < 0.02
     assert cells[6].endswith("%") and 0 < float(cells[6][:-1]) <= 100  # generation's share of the iteration
-    assert float(cells[7]) > 0 and cells[8].endswith("GiB RSS")
+    assert float(cells[7]) > 0 and cells[8].endswith(" GiB RSS")
     assert float(cells[9]) == 0.0  # one step per iteration, at ratio 1: nothing clipped on a CPU
 
 
@@ -54,6 +54,7 @@ def test_the_plan_sizes_passes_as_a_run_does():
              if line.startswith("| ") and "---" not in line][1:]  # the rows under the header
     rows = {f"{row[0]} {row[3]}": row for row in cells}  # model and what is trained
     assert rows["smollm2-135m all"][7] == "16 of 16"
+    assert rows["smollm2-135m all"][5].startswith("65 MiB (")  # / 2**20: MiB, not MB
     (fsdp,) = [row for name, row in rows.items() if row[3] == "FSDP"]  # 7B on 8 cards, each holding an 8th
     assert float(fsdp[6].split()[0]) > 0 and int(fsdp[7].split()[0]) >= 4  # not 1 response in a budget < 0
     assert len(rows) == len(tool.PLAN)
@@ -61,24 +62,6 @@ def test_the_plan_sizes_passes_as_a_run_does():
         if where != "cpu":
             assert float(rows[f"{name} {trained}"][8].split()[0]) * 2**30 <= 0.9 * tool.GPU_MEMORY
     assert memory.pass_size(16, 8, 65 * 2**20, memory.CPU_PASS_BUDGET) == 16
-
-
-def test_the_plans_cpu_rows_run_the_beta_of_the_command_they_plan():
-    """A CPU row is the no-flag command of a real model, whose β the CPU recipe sets (0: no reference model), not the
-    method's 0.04, which charged SmolLM2's row a reference copy it does not hold (2.5 GiB of state, not 2.0)."""
-    import grpo
-    from common import policy
-    from common.tools import scale as tool
-
-    args = grpo.Args(model="HuggingFaceTB/SmolLM2-135M-Instruct", cuda=False)
-    policy.resolve_defaults(args, beta=grpo.BETA)
-    assert [beta for _, where, *_, beta, _ in tool.PLAN if where == "cpu"] == [args.beta, args.beta]
-
-
-def test_an_80_gb_card_is_what_torch_reports_for_one():
-    from common.tools import scale as tool
-
-    assert 79 * 2**30 < tool.GPU_MEMORY < 79.5 * 2**30  # total_memory of an A100 or H100 80GB, not 80e9 bytes
 
 
 def test_the_fit_table_counts_each_strategy_by_hand_and_only_fsdp_or_lora_fits_a_7b_model(capsys):
@@ -130,6 +113,18 @@ def test_the_tools_frozen_copy_is_what_policy_stores_on_a_gpu():
         policy.frozen_weights_to_bfloat16(model)
         stored = sum(p.numel() * p.element_size() for p in model.parameters())
         assert counted == stored and stored > 2 * sum(p.numel() for p in model.parameters())
+
+
+def test_the_plans_cpu_rows_hold_the_reference_model_the_command_they_plan_holds():
+    """The CPU rows plan grpo.py's no-flag command of a real model, which resolves β to 0 on a CPU: no reference
+    model. At β = 0.04 the plan charged SmolLM2 a reference copy it never holds (2.5 GiB of state, not 2.0)."""
+    import grpo
+    from common import policy
+    from common.tools import scale as S
+
+    args = grpo.Args(model="HuggingFaceTB/SmolLM2-135M-Instruct", cuda=False)  # a real model: nothing is loaded
+    policy.resolve_defaults(args, beta=grpo.BETA)
+    assert [row[4] for row in S.PLAN if row[1] == "cpu"] == [args.beta, args.beta]
 
 
 def test_the_variants_hold_a_reference_model_unless_a_beta_is_typed():

@@ -245,7 +245,7 @@ def tuned_args(algo, env_id):
 
 def launch(cmd, workdir, env):
     """Run `cmd` in `workdir` (stdout.txt and stderr.txt there); returns (exit code, launch time, seconds, peak RSS
-    in GB). os.wait4 reports this child's own peak resident memory, whatever else runs beside it."""
+    in GiB). os.wait4 reports this child's own peak resident memory, whatever else runs beside it."""
     with open(os.path.join(workdir, "stdout.txt"), "w") as out, open(os.path.join(workdir, "stderr.txt"), "w") as err:
         start = time.time()
         proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=out, stderr=err)

@@ -419,7 +419,7 @@ def command(variant: str, seed: int, num_iterations: int, flags: list[str]) -> l
 
 
 def run_one(variant: str, seed: int, num_iterations: int, flags: list[str], pin, keep: bool):
-    """One run in a fresh working directory; (scalars, launch time, run seconds, peak RSS in GB),
+    """One run in a fresh working directory; (scalars, launch time, run seconds, peak RSS in GiB),
     or None if it failed."""
     cmd = command(variant, seed, num_iterations, flags)
     if pin is not None:
