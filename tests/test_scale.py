@@ -140,3 +140,14 @@ def test_the_variants_hold_a_reference_model_unless_a_beta_is_typed():
     for extra in (["--beta", "0.1"], ["--beta=0.1"]):
         flags = S.script_flags("folder", "lora", argparse.Namespace(**{**vars(args), "extra": extra}))
         assert [flag for flag in flags if flag.startswith("--beta")] == extra[:1] and flags[-len(extra):] == extra
+
+
+def test_a_card_of_80_gb_is_what_torch_reports_for_one_and_14b_fits_four_with_fsdp(capsys):
+    """An "80 GB" A100 or H100 reports 79.1-79.3 GiB as total_memory, what a run budgets from; 80e9 bytes (74.5 GiB)
+    left 4.6 GiB out of every plan, enough to refuse Qwen2.5-14B with FSDP on 4 cards."""
+    from common.tools import scale as S
+
+    assert 79.0 <= S.GPU_MEMORY / 2**30 <= 79.3
+    S.fit()
+    (row,) = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| qwen2.5-14b")]
+    assert row[9:11] == ["63 GiB ✓", "35 GiB ✓ |"]  # FSDP on 4 and on 8 cards

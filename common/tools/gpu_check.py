@@ -626,7 +626,7 @@ def step_refusals(shapes, folders, options) -> list[str]:
 
     import grpo
     from common import memory, policy
-    from common.tools.scale import CONFIGS
+    from common.tools.scale import CONFIGS, GPU_MEMORY
 
     lines = []
     try:
@@ -636,7 +636,7 @@ def step_refusals(shapes, folders, options) -> list[str]:
         lines.append("- --micro-batch-size 24: NOT refused")
     except SystemExit as e:
         lines.append(f"- `--micro-batch-size 24`: {e}")
-    card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 80 * 10**9
+    card = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else GPU_MEMORY
     # 7B's state fits an H200 decoding eagerly, not with compiled decoding's bfloat16 copy (a GPU's default for
     # responses of 256 tokens), nor with a bfloat16 sampler's copy; 14B's fits neither
     for name, sampler_dtype, compiled in [("qwen2.5-7b", None, False), ("qwen2.5-7b", None, True),

@@ -79,20 +79,21 @@ CONFIGS = {
                                    max_position_embeddings=8192, tie_word_embeddings=True)),
 }
 # The plan's rows: (config, where, processes, what is trained, beta, prompt tokens). The CPU rows are the no-flag
-# command of a real model (common/policy.py's CPU recipe: β = 0, no reference model; SmolLM2's 3-shot chat prompt
-# is 159 tokens, GPT-2's 3-shot text ~60) with every response at the cap, the worst case; the GPU rows are the
-# README's examples, with a chat prompt of ~64 tokens.
+# command of a real model (common/policy.py's CPU recipe; SmolLM2's 3-shot chat prompt is 159 tokens, GPT-2's
+# 3-shot text ~60) with every response at the cap, the worst case; the GPU rows are the README's examples, with a
+# chat prompt of ~64 tokens.
 PLAN = [
-    ("smollm2-135m", "cpu", 1, "all", 0.0, 159),
+    ("smollm2-135m", "cpu", 1, "all", 0.0, 159),  # β = 0: the CPU recipe runs no reference model (resolve_defaults)
     ("gpt2-124m", "cpu", 1, "all", 0.0, 60),
     ("qwen2.5-0.5b", "80 GB GPU", 1, "all", 0.04, 64),
     ("qwen2.5-3b", "80 GB GPU", 4, "all", 0.0, 64),
     ("qwen2.5-7b", "80 GB GPU", 1, "LoRA r16", 0.0, 64),
     ("qwen2.5-7b", "80 GB GPU", 8, "FSDP", 0.0, 64),
 ]
-# An "80 GB" card (A100, H100) as a run sees it: torch's total_memory, about 79.2 GiB (85.0e9 bytes), which
-# common/memory.py sizes the passes from; 80e9, the label taken in bytes, would be 5 GB short
-GPU_MEMORY = int(79.2 * 2**30)
+# What a run on an "80 GB" card (A100, H100) reads as torch.cuda.get_device_properties().total_memory, the size
+# common/memory.py budgets from: 79.1-79.3 GiB (the driver keeps the rest), not 80e9 bytes (74.5 GiB). The lowest,
+# so that what fits here fits there.
+GPU_MEMORY = int(79.1 * 2**30)
 VARIANTS = {
     "full": [],
     "lora": ["--lora-rank", "16"],
@@ -157,9 +158,10 @@ def plan() -> None:
         budget = memory.pass_budget(GPU_MEMORY if gpu else None, state)
         minibatch = real["prompts_per_iteration"] // processes // 4 * 8
         size = memory.pass_size(minibatch, 8, per_response, budget)
-        print(f"| {name} | {where} | {processes} | {trained_kind} | {state / 2**30:.1f} GiB | "
-              f"{per_response / 2**20:,.0f} MiB ({real['max_new_tokens']} + {prompt_tokens}/8 tokens) | "
-              f"{budget / 2**30:.1f} GiB | {size} of {minibatch} | "
+        print(f"| {name} | {where} | {processes} | {trained_kind} | "
+              f"{state / 2**30:.1f} GiB | {per_response / 2**20:,.0f} MiB "
+              f"({real['max_new_tokens']} + {prompt_tokens}/8 tokens) | {budget / 2**30:.1f} GiB | "
+              f"{size} of {minibatch} | "
               f"{(state + size * per_response) / 2**30:.1f} GiB |")
 
 
@@ -276,7 +278,7 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
         update=median("perf/update_seconds"),
         tokens_per_second=median("charts/tokens_per_second"),
         clipped_at_one=median("losses/clipfrac"),  # sapo.py logs its gate instead: nan
-        memory=f"{max(gpu):.1f} GiB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GiB RSS",
+        memory=f"{max(gpu):.1f} GiB GPU" if max(gpu) > 0 else f"{peak_rss_gb:.1f} GiB RSS",  # both / 2**30
     )
 
 
