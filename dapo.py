@@ -276,7 +276,7 @@ class Forward(NamedTuple):  # how a pass runs, decided once at start-up
 
 # ------------------------------------------------ [SHARED] sampling: each prompt read once
 
-LOGITS_PER_CHUNK = 2**24  # logits read at a time (64 MB), not all [N, T, vocab]
+LOGITS_PER_CHUNK = 2**24  # logits read at a time (64 MiB), not all [N, T, vocab]
 
 
 def sample_token(logits: Tensor, greedy: Tensor, u: Tensor):

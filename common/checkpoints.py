@@ -113,7 +113,7 @@ class Checkpoints:
                     shutil.rmtree(os.path.join(self.folder, old))
             files = [os.path.join(parent, f) for parent, _, names in os.walk(path) for f in names]
             size = sum(os.path.getsize(f) for f in files) / 2**20
-            print(f"checkpoint of iteration {iteration}: {path} ({size:,.0f} MB)", flush=True)
+            print(f"checkpoint of iteration {iteration}: {path} ({size:,.0f} MiB)", flush=True)
 
     def restore(self) -> int:
         """Load the latest checkpoint of --resume into the model, the optimiser and every random

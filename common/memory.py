@@ -155,5 +155,5 @@ def responses_per_pass(args, model, ref_model, prompt_tokens: int) -> tuple[int,
     size = pass_size(minibatch, args.group_size, per_response, budget)
     return size, [f"--micro-batch-size {size}  (responses per pass: the most of the minibatch of "
                   f"{minibatch} within {budget / 2**30:.1f} GiB, at an estimated "
-                  f"{per_response / 2**20:,.0f} MB each for {args.max_new_tokens} + "
+                  f"{per_response / 2**20:,.0f} MiB each for {args.max_new_tokens} + "
                   f"{prompt_tokens}/{args.group_size} tokens; common/results/memory.md)"]

@@ -385,8 +385,8 @@ class Console:
         device = next(model.parameters()).device.type
         print(f"{self.folder}: {trained:,} trained parameters on {world_size()} × {device}, "
               f"{responses} responses per iteration")
-        held = [f"{part} ({size / 2**20:,.1f} MB)" for part, size in parts.items()]
-        print(f"each process holds {', '.join(held[:-1])} and {held[-1]}: {sum(parts.values()) / 2**20:,.1f} MB "
+        held = [f"{part} ({size / 2**20:,.1f} MiB)" for part, size in parts.items()]
+        print(f"each process holds {', '.join(held[:-1])} and {held[-1]}: {sum(parts.values()) / 2**20:,.1f} MiB "
               "before any activation")
         for line in defaults:
             print(f"default {line}")

@@ -169,7 +169,7 @@ def test_a_real_model_on_a_cpu_gets_a_pass_size_within_the_budget(monkeypatch):
     size, line = memory.responses_per_pass(args, smollm2, None, 158)
     # 16 × 49,152 × 4 × 6 bytes of logits + (16 + 158 / 8) × 30 × 576 × 20 × 4 of activations = 65.1 MiB
     assert (size, line) == (16, ["--micro-batch-size 16  (responses per pass: the most of the minibatch of 16 "
-                                 "within 2.0 GiB, at an estimated 65 MB each for 16 + 158/8 tokens; "
+                                 "within 2.0 GiB, at an estimated 65 MiB each for 16 + 158/8 tokens; "
                                  "common/results/memory.md)"])
     assert args.micro_batch_size is None  # the flag stays as typed: the run's start-up holds the size
     args, _ = resolved(grpo, model="gpt2", cuda=False, max_new_tokens=256)
@@ -231,7 +231,7 @@ def test_a_pass_on_a_card_fills_half_of_what_90_percent_of_it_leaves_by_hand(mon
     model = on_a_card(2**27, Config(2**15, 4, 1024), 10, monkeypatch)
     args, _ = resolved(grpo, model="gpt2", max_new_tokens=256, prompts_per_iteration=32, num_minibatches=4)
     line = ("--micro-batch-size 8  (responses per pass: the most of the minibatch of 64 within {} GiB, at an "
-            "estimated 233 MB each for 256 + 64/8 tokens; common/results/memory.md)")
+            "estimated 233 MiB each for 256 + 64/8 tokens; common/results/memory.md)")
     assert memory.responses_per_pass(args, model, None, 64) == (8, [line.format("3.5")])
     reference = type("Model", (), {"parameters": lambda self: iter([Weight(2**29, False, element_size=2)])})()
     assert memory.responses_per_pass(args, model, reference, 64) == (8, [line.format("3.0")])

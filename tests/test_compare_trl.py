@@ -157,7 +157,7 @@ def test_a_run_reports_its_own_peak_memory(monkeypatch, tmp_path):
     monkeypatch.setattr(C.tempfile, "mkdtemp", lambda prefix: str(tmp_path))
     scalars, launch, seconds, peak_gb = C.run_one("grpo", 1, 5, [], pin=None, keep=False)
     assert scalars["charts/accuracy"][0][1:] == (0, 0.5) and seconds > 0
-    assert 0.2 < peak_gb < 2  # its own, in GB (ru_maxrss is kB): the 200 MB block, the interpreter and torch
+    assert 0.2 < peak_gb < 2  # its own, in GiB (ru_maxrss is kB): the 200 MB block, the interpreter and torch
 
 
 def test_commands():

@@ -97,7 +97,7 @@ def test_a_sharded_run_stopped_and_resumed_is_the_uninterrupted_run(name, fsdp):
     saved = AutoModelForCausalLM.from_pretrained(straight / "model")  # whole, loadable without torchrun
     start = AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "common", "models", "tiny_model"))
     assert sum(p.numel() for p in saved.parameters()) == sum(p.numel() for p in start.parameters())
-    held = re.search(r"each process holds the policy's weights \(([\d.]+) MB\)", stdout)
+    held = re.search(r"each process holds the policy's weights \(([\d.]+) MiB\)", stdout)
     whole = sum(p.numel() for p in start.parameters()) * 4 / 2**20
     assert float(held.group(1)) == pytest.approx(whole / 2, abs=0.06)  # each process: half of the weights
 

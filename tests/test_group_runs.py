@@ -241,7 +241,7 @@ def test_a_checkpoint_restores_the_weights_adam_and_every_random_state(tmp_path,
         num_iterations=9))
     try:
         stops.save(4)
-        assert capsys.readouterr().out == "checkpoint of iteration 4: runs/run/checkpoint-4 (3 MB)\n"
+        assert capsys.readouterr().out == "checkpoint of iteration 4: runs/run/checkpoint-4 (3 MiB)\n"
 
         def draws():
             return (random.random(), np.random.rand(), torch.rand(1).item(), stops.rng.random())
@@ -571,9 +571,9 @@ def test_the_first_lines_say_what_each_process_holds(extra, in_process):
     flags = ["--num-iterations", "4", "--prompts-per-iteration", "4", "--eval-size", "4", "--group-size", "2"]
     _, out = in_process("grpo", flags + extra)
     line = next(line for line in out.splitlines() if line.startswith("each process holds"))
-    named = re.findall(r"(?:, | and |holds )([^(,]+) \(([\d,.]+) MB\)", line)
+    named = re.findall(r"(?:, | and |holds )([^(,]+) \(([\d,.]+) MiB\)", line)
     parts = {name: float(size.replace(",", "")) for name, size in named}
-    total = float(re.search(r": ([\d,.]+) MB before any activation", line).group(1).replace(",", ""))
+    total = float(re.search(r": ([\d,.]+) MiB before any activation", line).group(1).replace(",", ""))
     base = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(os.path.join(ROOT, "common", "models",
                                                                                 "tiny_model")).parameters())
     weights, gradients, adam = (parts.pop(name) for name in ("the policy's weights", "their gradients",

@@ -379,7 +379,7 @@ def step_embedded(shapes, folders, options) -> list[str]:
 
 def scale_row(name: str, console: str, values: dict, card) -> str:
     """A run's pass size, its memory estimate beside its measured peak, and its figures per phase."""
-    sized = re.search(r"--micro-batch-size (\d+) .*within ([\d.]+) GiB, at an estimated ([\d,.]+) MB each", console)
+    sized = re.search(r"--micro-batch-size (\d+) .*within ([\d.]+) GiB, at an estimated ([\d,.]+) MiB each", console)
     if sized is None:
         return f"| {name} | {console.strip().splitlines()[-1][:200] if console.strip() else 'no output'} |"
     size, budget, per_response = sized.groups()
