@@ -26,6 +26,14 @@ def test_bad_arguments_give_one_line(flags, message):
     assert result.returncode != 0 and result.stderr.strip() == message
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_of_the_plan_prints_the_usage_not_an_error(flag):
+    result = subprocess.run([sys.executable, "-m", "common.tools.scale", flag], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "python -m common.tools.scale run" in result.stdout and "scale run --help" in result.stdout
+
+
 def test_tiny_run_fills_a_row():
     result = scale("--configs", "gpt2-tiny", "--variants", "lora+gc", "--iterations", "1", "--prompts", "2",
                    "--group-size", "2", "--max-new-tokens", "4", "--micro-batch-size", "4")

@@ -283,6 +283,9 @@ def run_variant(script: str, folder: str, variant: str, args) -> dict:
 
 
 def main() -> None:
+    if sys.argv[1:] in (["-h"], ["--help"]):  # the plan takes no flag: its help is this module's docstring
+        print(__doc__.rstrip() + "\n\nThe benchmark's flags: python -m common.tools.scale run --help")
+        return
     if sys.argv[1:2] != ["run"]:
         if sys.argv[1:] not in ([], ["plan"]):
             raise SystemExit("error: `python -m common.tools.scale` prints the plan; the benchmark is "
