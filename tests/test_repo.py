@@ -116,3 +116,10 @@ def test_files_a_reader_takes_in_at_a_glance():
         assert len(wide) <= len(lines) // 10, f"{path}: {len(wide)} of {len(lines)} lines over 100 characters"
         if os.path.relpath(path, ROOT).startswith("common"):
             assert len(lines) <= 500, f"{path} has {len(lines)} lines: split it by what it is about"
+
+
+def test_the_folders_a_run_writes_are_ignored_by_git():
+    """README: every script logs to runs/, --track's W&B keeps its files in ./wandb, sidebyside -o sidebyside/."""
+    ignored = [line.strip() for line in open(os.path.join(ROOT, ".gitignore")) if line.strip()]
+    for folder in ("runs", "wandb", "sidebyside"):
+        assert {f"{folder}/", f"/{folder}/"} & set(ignored), f".gitignore must ignore {folder}/"
