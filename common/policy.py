@@ -72,7 +72,7 @@ class ModelArgs:
     eval_every: Optional[int] = None
     """evaluate every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""
     eval_size: Optional[int] = None
-    """held-out questions per evaluation; None: 200 embedded, 100 a real model (64 on a CPU)"""
+    """held-out questions per evaluation; None: 200 embedded, 128 a real model on a GPU (64 on a CPU)"""
     eval_samples: int = 1
     """responses sampled per held-out question; k > 1 also logs pass@1 and pass@k"""
     seed: int = 1

@@ -123,3 +123,31 @@ def test_the_folders_a_run_writes_are_ignored_by_git():
     ignored = [line.strip() for line in open(os.path.join(ROOT, ".gitignore")) if line.strip()]
     for folder in ("runs", "wandb", "sidebyside"):
         assert {f"{folder}/", f"/{folder}/"} & set(ignored), f".gitignore must ignore {folder}/"
+
+
+def field_docs(path):
+    """The docstring under each annotated field of the file's classes: what --help prints for that flag."""
+    docs = {}
+    for node in ast.walk(ast.parse(open(os.path.join(ROOT, path)).read())):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for field, doc in zip(body, body[1:]):
+            if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+                docs[field.target.id] = doc.value.value
+    return docs
+
+
+def test_the_help_of_each_scale_default_names_the_values_it_resolves_to():
+    from common.policy import SCALE_DEFAULTS
+
+    def spellings(value):
+        if isinstance(value, float):
+            return {f"{value:g}", f"{value:.0e}".replace("e-0", "e-")}
+        return {str(value)}
+    for name in GROUP:
+        docs = {**field_docs("common/policy.py"), **field_docs(f"{name}.py")}
+        for flag, (toy, real_gpu, real_cpu, _) in SCALE_DEFAULTS.items():
+            for value in (toy, real_gpu, real_cpu):
+                assert any(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", docs[flag]) for s in spellings(value)), (
+                    f"{name} --{flag.replace('_', '-')}: its help {docs[flag]!r} does not say {value}")
