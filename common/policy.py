@@ -84,9 +84,9 @@ class ModelArgs:
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
     save_every: int = 0
-    """write a checkpoint every this many iterations; 0: only when Ctrl-C or SIGTERM stops the run"""
+    """write a checkpoint every this many iterations, replacing the last; 0: only when stopped (Ctrl-C, SIGTERM)"""
     resume: Optional[str] = None
-    """a run's folder to resume from its checkpoint; only --num-iterations, --save-every, --eval-*, --cuda may change"""
+    """a run's folder to resume; only --num-iterations, --save-every, --eval-*, --cuda, --track, --wandb-* may change"""
     exp_name: Optional[str] = None
     """a name of your own for the run, added to its folder's name after the method's"""
     track: bool = False

@@ -139,7 +139,7 @@ def field_docs(path):
 
 
 def test_the_help_of_each_scale_default_names_the_values_it_resolves_to():
-    from common.policy import SCALE_DEFAULTS
+    from common.policy import LORA_LEARNING_RATE, SCALE_DEFAULTS
 
     def spellings(value):
         if isinstance(value, float):
@@ -151,3 +151,15 @@ def test_the_help_of_each_scale_default_names_the_values_it_resolves_to():
             for value in (toy, real_gpu, real_cpu):
                 assert any(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", docs[flag]) for s in spellings(value)), (
                     f"{name} --{flag.replace('_', '-')}: its help {docs[flag]!r} does not say {value}")
+        for value in LORA_LEARNING_RATE:  # with --lora-rank a real model's learning rate is LoRA's (GPU, CPU)
+            assert any(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", docs["learning_rate"])
+                       for s in spellings(value)), f"{name} --learning-rate: its help does not say {value}"
+
+
+def test_the_help_of_resume_names_every_flag_a_resumed_run_may_change():
+    from common.checkpoints import MAY_CHANGE_ON_RESUME
+
+    help_text = field_docs("common/policy.py")["resume"]
+    for key in MAY_CHANGE_ON_RESUME[1:]:
+        flag = "--" + key.replace("_", "-")
+        assert flag in help_text or "--" + key.split("_")[0] + "-*" in help_text, flag  # --eval-*: every --eval- flag
