@@ -769,6 +769,8 @@ def test_jsonl_with_a_test_file_trains_on_one_and_evaluates_on_the_other(tmp_pat
         get_task("countdown", str(test))
     with pytest.raises(ValueError, match="--eval-task file not found: .*missing.jsonl"):
         get_task(str(train), str(tmp_path / "missing.jsonl"))
+    with pytest.raises(ValueError, match="^--task file not found: .*nowhere.jsonl"):  # both missing: --task first
+        get_task(str(tmp_path / "nowhere.jsonl"), str(tmp_path / "missing.jsonl"))
     with pytest.raises(ValueError, match="--eval-task must be the path of a .jsonl file, got 'test.csv'"):
         get_task(str(train), "test.csv")
     (tmp_path / "empty.jsonl").write_text("")

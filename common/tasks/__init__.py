@@ -60,12 +60,12 @@ def get_task(task: str, eval_task: str | None = None):
                          f"(the {task!r} task makes its own test split)")
     if eval_task is not None and not eval_task.endswith(".jsonl"):
         raise ValueError(f"--eval-task must be the path of a .jsonl file, got {eval_task!r}")
+    if task.endswith((".jsonl", ".py")) and not Path(task).is_file():  # --task's file first, as typed
+        raise ValueError(f"--task file not found: {task}")
     if eval_task is not None and not Path(eval_task).is_file():
         raise ValueError(f"--eval-task file not found: {eval_task}")
     if task in TASKS:
         return TASKS[task]
-    if task.endswith((".jsonl", ".py")) and not Path(task).is_file():
-        raise ValueError(f"--task file not found: {task}")
     if task.endswith(".jsonl"):
         return JsonlTask(task, eval_task)
     if task.endswith(".py"):
