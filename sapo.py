@@ -77,7 +77,7 @@ class Args(policy.ModelArgs):
     micro_batch_size: Optional[int] = None
     """responses per forward/backward pass (gradient accumulation); None: what fits"""
     learning_rate: Optional[float] = None
-    """Adam's, decayed linearly to 0; None: 3e-4 embedded, 1e-6 a real LLM (CPU: 1e-5), with LoRA 1e-5 (2e-4)"""
+    """Adam's, linear decay to 0; None: 3e-4 embedded, real LLM 1e-6 (CPU 1e-5), LoRA 1e-5 (2e-4)"""
     max_grad_norm: float = 1.0
     """global gradient-norm clip"""
     # The objective: what the sibling files change

@@ -84,7 +84,7 @@ class ModelArgs:
     save_model: bool = False
     """save the trained model (with LoRA: the adapter) and tokenizer under runs/{run_name}/model"""
     save_every: int = 0
-    """write a checkpoint every this many iterations, replacing the last; 0: only when stopped (Ctrl-C, SIGTERM)"""
+    """checkpoint every this many iterations (replacing the last); 0: only on Ctrl-C or SIGTERM"""
     resume: Optional[str] = None
     """a run's folder to resume; only --num-iterations, --save-every, --eval-*, --cuda, --track, --wandb-* may change"""
     exp_name: Optional[str] = None
