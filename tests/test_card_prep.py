@@ -11,16 +11,28 @@ def test_the_planned_calls_fit_the_card(tmp_path):
     for command, carry, timeout in card_prep.CALLS:
         line = (card_prep.INSTALL if ".whl" in carry else "") + command
         assert len(line) <= 2000 and len(carry) <= 8 and timeout <= 600  # the device's limits on one call
-    keep, run = (command for command, _, _ in card_prep.CALLS[1:])
-    assert keep.endswith("smollm2_on_gpu keep") and ".smollm2_on_gpu run " in run
-    # the check's flags parse, and its steps' limits leave the models' building (~20 s) room in the call
-    command, _, timeout = card_prep.CALLS[0]
-    words = shlex.split(command.replace("$OUT", str(tmp_path)))
-    assert words[:3] == ["python3", "-m", "common.tools.gpu_check"]
-    options = gpu_check.parse_args(words[3:])
-    limits = dict(gpu_check.STEP_SECONDS, **{step: float(seconds) for step, seconds in
-                                             (limit.split("=") for limit in options.limits)})
-    assert set(options.steps) <= set(limits) and sum(limits[step] for step in options.steps) + 40 <= timeout
+    # SmolLM2's first half is kept before the check runs, its second half comes in the next call, which runs it
+    (first, first_carry, _), (second, second_carry, _) = card_prep.CALLS
+    assert first.startswith("python3 -m common.tools.smollm2_on_gpu keep; ") and ".smollm2-1/half" in first_carry
+    assert ".smollm2_on_gpu run " in second and ".smollm2-2/half" in second_carry
+    # what travels: this tree, the wheels (0.4 MiB; 1 allowed), the older checkout and a half of SmolLM2's wheel
+    tree = card_prep.tree_bytes() + 2**20
+    before = sum(int(line.split()[3]) for line in subprocess.run(
+        ["git", "ls-tree", "-r", "-l", card_prep.BEFORE], cwd=ROOT, capture_output=True, text=True,
+        check=True).stdout.splitlines() if line.split()[1] == "blob")
+    half = 88.6 * 2**20 / 2
+    assert tree + before + half <= card_prep.CARRY_LIMIT and tree + half <= card_prep.CARRY_LIMIT
+    assert "the last has 150 s" in card_prep.plan()[-1]  # 900 - a start of 120 - 600 - 30 warm
+    # each call's check parses, and the first's steps' limits leave the models' building (~20 s) room in the call
+    for i, (command, _, timeout) in enumerate(card_prep.CALLS):
+        (check,) = [part for part in command.split("; ") if "common.tools.gpu_check" in part]
+        words = shlex.split(check.replace("$OUT", str(tmp_path)))
+        assert words[:3] == ["python3", "-m", "common.tools.gpu_check"]
+        options = gpu_check.parse_args(words[3:])
+        limits = dict(gpu_check.STEP_SECONDS, **{step: float(seconds) for step, seconds in
+                                                 (limit.split("=") for limit in options.limits)})
+        assert set(options.steps) <= set(limits)
+        assert i > 0 or sum(limits[step] for step in options.steps) + 40 <= timeout
     # the commit --before reads: its grpo.py is there, common/decoding.py (the compiled step) not yet
     def exists(path):
         return subprocess.run(["git", "cat-file", "-e", f"{card_prep.BEFORE}:{path}"], cwd=ROOT).returncode == 0
