@@ -62,16 +62,26 @@ def test_numerics_of_the_recipe_against_float32_for_every_file(folders, options)
         assert 0 < float(relative) < 0.2, name
 
 
-def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options):
-    """Eager, then compiled: the compiled responses are eager's (float32 on the CPU), each with its figures, the
-    compiled one with the top of its profile, the profile's table written beside the report."""
+def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options, monkeypatch):
+    """Eager, then compiled, with the file's draw and with blocked_draw: the compiled responses are eager's (float32
+    on the CPU), each with its figures and the top of its profile, the profiles' tables written beside the report."""
+    import grpo
+
+    drawn = []  # the rows that drew with the candidate (the prefill's draw runs eagerly: counted at every sampling)
+    candidate = gpu_check.blocked_draw
+    monkeypatch.setattr(gpu_check, "blocked_draw", lambda *a: drawn.append(1) or candidate(*a))
     table = rows(gpu_check.step_generation(SHAPES, folders, options))
-    eager, compiled, compiled_top = table
+    assert len(drawn) >= 5  # its first call, 3 timed, 1 profiled
+    eager, compiled, compiled_top, blocked, blocked_top = table
     assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(eager[6]) < 1e-4
     assert compiled[0] == "sample, compiled, float32 output layer" and compiled[5] == "100%"
     assert compiled[4].endswith(" s") and float(compiled[6]) < 1e-4
-    assert compiled_top[0].startswith("↳ top kernels:")
-    assert os.path.isfile(os.path.join(options.profiles, "profile_float32.txt"))
+    # the candidate draw inside the compiled step: eager's tokens too (the same draw), and the file's own draw back
+    assert blocked[0] == "sample, compiled, float32 output layer, blocked_draw" and blocked[5] == "100%"
+    assert grpo.sample_token.__module__ == "grpo"
+    assert compiled_top[0].startswith("↳ top kernels:") and blocked_top[0].startswith("↳ top kernels:")
+    for name in ("profile_float32.txt", "profile_float32_blocked_draw.txt"):
+        assert os.path.isfile(os.path.join(options.profiles, name))
 
 
 def test_the_draw_step_sets_the_blocked_candidate_beside_sample_token(options):

@@ -33,13 +33,12 @@ CARRY_LIMIT = 64 * 2**20  # bytes: the tree (tree_bytes) and the carried folders
 DEVICE_SECONDS, START_SECONDS, WARM_SECONDS = 900, 120, 30  # a lease: 15 minutes in all, a start, kept warm after
 # The calls, in order: (command after INSTALL, carried folders, timeout in seconds). A lease of 15 minutes holds
 # two: the check's most valuable steps with the first half of SmolLM2's wheel kept beside them (61 MiB travel),
-# then, while the machine is still warm, the steps no card has measured yet and SmolLM2 run from both halves (its
-# curve is in results/gpu.md already: what is new is last, where the lease's end cuts first).
+# then, while the machine is still warm, the rest of the check and SmolLM2 run from both halves (its curve is in
+# results/gpu.md already: it is last, where the lease's end cuts first).
 CALLS = [
     ("python3 -m common.tools.smollm2_on_gpu keep; python3 -m common.tools.gpu_check --out $OUT/gpu.md "
-     "--before .before --steps machine generation scale scale-large draw --limits generation=230 draw=60",
-     [".whl", ".before", ".smollm2-1/half"], 600),
-    ("python3 -m common.tools.gpu_check --out $OUT/gpu2.md --steps hf card numerics; "
+     "--before .before --steps machine generation scale scale-large", [".whl", ".before", ".smollm2-1/half"], 570),
+    ("python3 -m common.tools.gpu_check --out $OUT/gpu2.md --steps draw hf card numerics --limits draw=60; "
      "python3 -m common.tools.smollm2_on_gpu run --out $OUT/smollm2.md", [".whl", ".smollm2-2/half"], 300),
 ]
 

@@ -2,7 +2,7 @@
 common/results/gpu.md. Nothing is downloaded: the models are random weights in real configurations
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
-    python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 13 minutes
+    python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 14 minutes
     python -m common.tools.gpu_check --out gpu.md --steps machine generation --limits generation=230  # a lent card
     python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
     python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
@@ -15,10 +15,11 @@ beside it, so a check cut short keeps what it measured. The steps, most valuable
 2. generation: one default iteration's batch (32 prompts × 8 responses × 256 tokens) on Qwen2.5-0.5B's
    configuration made peaky (its final norm scaled so that the next token's entropy is SmolLM2's, 0.7 nats: a
    trained model's, where rounding moves few draws): `sample` eager, then compiled with the output layer in
-   float32, TF32 or bfloat16; with --before, the other checkout's compiled `sample` beside them. Per row: seconds,
-   tokens/s, the bytes a step must move per second against a copy's, the compile, the share of eager's responses
-   drawn alike, the sampler gap (|log π of the sampler − of the scoring pass|), the peak memory; and a
-   torch.profiler table of each compiled row's kernels, written beside --out.
+   float32 or bfloat16, the latter with the draw step's candidate (blocked_draw) too, then TF32; with --before, the
+   other checkout's compiled `sample` before the TF32 row. Per row: seconds, tokens/s, the bytes a step must move
+   per second against a copy's, the compile, the share of eager's responses drawn alike, the sampler gap (|log π
+   of the sampler − of the scoring pass|), the peak memory; and a torch.profiler table of each compiled row's
+   kernels, written beside --out.
 3. scale: Qwen2.5-0.5B's configuration with the GPU defaults and Qwen2.5-1.5B's at 8 × 16 × 512 tokens under
    grpo.py, 2 iterations (the first warms up; the evaluations decode as many responses as an iteration, so that
    one compiled step serves both): the pass size, the memory estimate beside the measured peak
@@ -57,24 +58,27 @@ MODULES = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 ENTROPY = 0.7  # nats: SmolLM2-135M-Instruct's mean entropy per sampled token at its first iteration (addition2)
 # What each step runs on: a GPU, or the dry run's tiny shapes on the CPU (B prompts × G responses, T new tokens).
 SHAPES = {
-    "gpu": dict(model="qwen2.5-0.5b", B=32, G=8, T=256, output_layers=["float32", "bfloat16", "tf32"], hf_compile=True,
-                vocab=151936,
+    "gpu": dict(model="qwen2.5-0.5b", B=32, G=8, T=256, hf_compile=True, vocab=151936,
+                # the compiled rows, most valuable first: (the output layer, the draw), and where --before's comes
+                compiled=[("float32", "sample_token"), ("bfloat16", "sample_token"), ("bfloat16", "blocked_draw"),
+                          "before", ("tf32", "sample_token")],
                 scale=("qwen2.5-0.5b", []), large=("qwen2.5-1.5b", ["--prompts-per-iteration", "8", "--group-size",
                                                                     "16", "--max-new-tokens", "512"]),
                 card="gpt2-124m", embedded=[], runs=["--num-iterations", "2"],
                 # an evaluation of as many responses as an iteration samples (a sampled and a greedy one per
                 # question): the compiled decoding step it runs is the iteration's, not a second compile of 30 s
                 eval_size=dict(scale=128, large=64, card=128)),
-    "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, output_layers=["float32"], hf_compile=False, vocab=5000,
+    "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, hf_compile=False, vocab=5000,
+                compiled=[("float32", "sample_token"), ("float32", "blocked_draw"), "before"],
                 scale=("qwen2.5-tiny", ["--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
                 large=("gpt2-tiny", ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "8"]),
                 card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
                 runs=["--num-iterations", "2", "--no-compile-decoding"], eval_size=dict(scale=1, large=1, card=1)),
 }
-# Each step's limit in seconds: 745 in all, so that with the models' building (~20 s) the whole check ends within
-# 13 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
+# Each step's limit in seconds: 805 in all, so that with the models' building (~20 s) the whole check ends within
+# 14 minutes; a lent GPU's shorter call runs the first few (--steps, --limits). Seen on an H200 (results/gpu.md):
 # a compile of Qwen2.5-0.5B's decoding step 29-38 s.
-STEP_SECONDS = {"machine": 15, "generation": 210, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
+STEP_SECONDS = {"machine": 15, "generation": 270, "scale": 110, "numerics": 40, "card": 45, "scale-large": 115,
                 "hf": 60, "refusals": 15, "embedded": 60, "draw": 75}
 # The embedded `python grpo.py` (seed 1, 150 iterations) on a CPU core: common/results/group.md
 EMBEDDED_ON_CPU = "| a CPU core (common/results/group.md) | 150 | 0.17 | 0.908 (the mean of the last 3 evaluations) |"
@@ -280,20 +284,28 @@ def step_generation(shapes, folders, options) -> list[str]:
     figures = decoding_figures(grpo, model, eager, None, autocast, shapes)
     # no profile of eager's steps: the compiled ones are what a GPU runs, and eager's would take their seconds
     lines += say([decoding_row("sample, eager", model, figures, seconds, "-", peak_memory(device))])
-    for output_layer in shapes["output_layers"]:
+    own_draw = grpo.sample_token
+    for variant in shapes["compiled"]:
+        if variant == "before":
+            lines += say(before_rows(model, options) if options.before else [])
+            continue
+        output_layer, draw_name = variant
         decoding.OUTPUT_LAYER = output_layer
+        grpo.sample_token = own_draw if draw_name == "sample_token" else blocked_draw  # what grpo.sample draws with
         decoding._decoding_models.clear()  # a decoding model for this output layer
         decoding._caches.clear()
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         _, first = timed(lambda: draw(True), device)
         samples, seconds = timed(lambda: draw(True), device, repeats=3)
-        top = profile_table(lambda: draw(True), device, os.path.join(options.profiles, f"profile_{output_layer}.txt"))
+        name = output_layer + ("" if draw_name == "sample_token" else f"_{draw_name}")
+        top = profile_table(lambda: draw(True), device, os.path.join(options.profiles, f"profile_{name}.txt"))
         figures = decoding_figures(grpo, model, samples, eager.responses, autocast, shapes)
-        lines += say([decoding_row(f"sample, compiled, {output_layer} output layer", model, figures, seconds,
-                                   f"{first:.1f} s", peak_memory(device)), f"|  ↳ top kernels: {top} | | | | | | | |"])
-    if options.before:
-        lines += say(before_rows(model, options))
+        what = f"sample, compiled, {output_layer} output layer" + ("" if draw_name == "sample_token" else
+                                                                   f", {draw_name}")
+        lines += say([decoding_row(what, model, figures, seconds, f"{first:.1f} s", peak_memory(device)),
+                      f"|  ↳ top kernels: {top} | | | | | | | |"])
+    grpo.sample_token = own_draw
     return lines
 
 
