@@ -131,7 +131,7 @@ def test_the_runs_report_their_figures(folders, options):
     assert float(seconds) > 0 and all(value.endswith("%") or float(value) >= 0 for value in phases)
     ((card, *_),) = rows(gpu_check.step_card(SHAPES, folders, options))
     assert card == f"gspo.py --model {SHAPES['card']} --group-size 8"
-    generate, compiled = rows(gpu_check.step_hf(SHAPES, folders, options))
+    compiled, generate = rows(gpu_check.step_hf(SHAPES, folders, options))
     assert generate[0] == "generate" and float(generate[1]) > 0 and compiled[1] == "not in the dry run"
 
 

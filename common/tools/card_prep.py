@@ -38,7 +38,7 @@ DEVICE_SECONDS, START_SECONDS, WARM_SECONDS = 900, 120, 30  # a lease: 15 minute
 CALLS = [
     ("python3 -m common.tools.smollm2_on_gpu keep; python3 -m common.tools.gpu_check --out $OUT/gpu.md "
      "--before .before --steps machine generation scale scale-large", [".whl", ".before", ".smollm2-1/half"], 570),
-    ("python3 -m common.tools.gpu_check --out $OUT/gpu2.md --steps draw hf card numerics --limits draw=60; "
+    ("python3 -m common.tools.gpu_check --out $OUT/gpu2.md --steps hf card draw numerics --limits draw=60; "
      "python3 -m common.tools.smollm2_on_gpu run --out $OUT/smollm2.md", [".whl", ".smollm2-2/half"], 300),
 ]
 
