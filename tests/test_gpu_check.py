@@ -62,25 +62,35 @@ def test_numerics_of_the_recipe_against_float32_for_every_file(folders, options)
         assert 0 < float(relative) < 0.2, name
 
 
-def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options, monkeypatch):
-    """Eager, then compiled, with the file's draw and with blocked_draw: the compiled responses are eager's (float32
-    on the CPU), each with its figures and the top of its profile, the profiles' tables written beside the report."""
+def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, options, monkeypatch, tmp_path):
+    """Eager, then compiled, with the file's draw and with blocked_draw, then --before's code (the card's first call
+    runs it on card_prep's commit, whose common/ this file's helpers must still read): the compiled responses are
+    eager's (float32 on the CPU), each with its figures and the top of its profile, the profiles' tables written
+    beside the report."""
     import grpo
 
+    from common.tools import card_prep
+
+    before = tmp_path / "before"
+    before.mkdir()
+    archive = subprocess.run(["git", "archive", card_prep.BEFORE], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
+    options.before, options.folders = str(before), ";".join(f"{k}={v}" for k, v in folders.items())
     drawn = []  # the rows that drew with the candidate (the prefill's draw runs eagerly: counted at every sampling)
     candidate = gpu_check.blocked_draw
     monkeypatch.setattr(gpu_check, "blocked_draw", lambda *a: drawn.append(1) or candidate(*a))
     table = rows(gpu_check.step_generation(SHAPES, folders, options))
     assert len(drawn) >= 5  # its first call, 3 timed, 1 profiled
-    eager, compiled, compiled_top, blocked, blocked_top = table
+    eager, compiled, compiled_top, blocked, blocked_top, older, older_top = table
     assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(eager[6]) < 1e-4
     assert compiled[0] == "sample, compiled, float32 output layer" and compiled[5] == "100%"
     assert compiled[4].endswith(" s") and float(compiled[6]) < 1e-4
     # the candidate draw inside the compiled step: eager's tokens too (the same draw), and the file's own draw back
     assert blocked[0] == "sample, compiled, float32 output layer, blocked_draw" and blocked[5] == "100%"
     assert grpo.sample_token.__module__ == "grpo"
-    assert compiled_top[0].startswith("↳ top kernels:") and blocked_top[0].startswith("↳ top kernels:")
-    for name in ("profile_float32.txt", "profile_float32_blocked_draw.txt"):
+    assert older[0] == "sample, eager (--before's code)" and older[5] == "100%"  # its compile: the card's alone
+    assert all(top[0].startswith("↳ top kernels:") for top in (compiled_top, blocked_top, older_top))
+    for name in ("profile_float32.txt", "profile_float32_blocked_draw.txt", "profile_before.txt"):
         assert os.path.isfile(os.path.join(options.profiles, name))
 
 

@@ -61,7 +61,7 @@ SHAPES = {
     "gpu": dict(model="qwen2.5-0.5b", B=32, G=8, T=256, hf_compile=True, vocab=151936,
                 # the compiled rows, most valuable first: (the output layer, the draw), and where --before's comes
                 compiled=[("float32", "sample_token"), ("bfloat16", "sample_token"), ("bfloat16", "blocked_draw"),
-                          "before", ("tf32", "sample_token")],
+                          "before", ("tf32", "sample_token")], before_compiled=True,
                 scale=("qwen2.5-0.5b", []), large=("qwen2.5-1.5b", ["--prompts-per-iteration", "8", "--group-size",
                                                                     "16", "--max-new-tokens", "512"]),
                 card="gpt2-124m", embedded=[], runs=["--num-iterations", "2"],
@@ -69,7 +69,9 @@ SHAPES = {
                 # question): the compiled decoding step it runs is the iteration's, not a second compile of 30 s
                 eval_size=dict(scale=128, large=64, card=128)),
     "dry": dict(model="qwen2.5-tiny", B=4, G=4, T=8, hf_compile=False, vocab=5000,
-                compiled=[("float32", "sample_token"), ("float32", "blocked_draw"), "before"],
+                # --before's code read, its decoding eager: the dry run checks that this file's helpers read that
+                # checkout's common/, not the old compile (9 s on the CPU)
+                compiled=[("float32", "sample_token"), ("float32", "blocked_draw"), "before"], before_compiled=False,
                 scale=("qwen2.5-tiny", ["--prompts-per-iteration", "4", "--max-new-tokens", "8"]),
                 large=("gpt2-tiny", ["--prompts-per-iteration", "4", "--group-size", "4", "--max-new-tokens", "8"]),
                 card="gpt2-tiny", embedded=["--num-iterations", "1", "--eval-size", "8"],
@@ -287,7 +289,7 @@ def step_generation(shapes, folders, options) -> list[str]:
     own_draw = grpo.sample_token
     for variant in shapes["compiled"]:
         if variant == "before":
-            lines += say(before_rows(model, options) if options.before else [])
+            lines += say(before_rows(model, options, shapes) if options.before else [])
             continue
         output_layer, draw_name = variant
         decoding.OUTPUT_LAYER = output_layer
@@ -309,7 +311,7 @@ def step_generation(shapes, folders, options) -> list[str]:
     return lines
 
 
-def before_rows(model, options) -> list[str]:
+def before_rows(model, options, shapes) -> list[str]:
     """The other checkout's compiled `sample` (--before), in a process that imports that checkout's code."""
     import json
 
@@ -321,8 +323,9 @@ def before_rows(model, options) -> list[str]:
         tail = (result.stderr.strip() or result.stdout.strip()).splitlines()[-1:] or ["no output"]
         return [f"| --before: failed: {tail[0][:200]} | | | | | | | |"]
     figures = json.loads(result.stdout.split("@@table\n", 1)[1].splitlines()[0])
-    return [decoding_row("sample, compiled (--before's code)", model, figures, figures["seconds"], figures["first"],
-                         figures["peak"]), f"|  ↳ top kernels: {figures['top']} | | | | | | | |"]
+    what = f"sample, {'compiled' if shapes['before_compiled'] else 'eager'} (--before's code)"
+    return [decoding_row(what, model, figures, figures["seconds"], figures["first"], figures["peak"]),
+            f"|  ↳ top kernels: {figures['top']} | | | | | | | |"]
 
 
 def step_before(shapes, folders, options) -> list[str]:
@@ -338,7 +341,7 @@ def step_before(shapes, folders, options) -> list[str]:
         shapes, options.generation_model or folders[shapes["model"]])
 
     def draw():
-        args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=True)
+        args = grpo.Args(max_new_tokens=shapes["T"], temperature=1.0, compile_decoding=shapes["before_compiled"])
         with torch.no_grad(), autocast:
             return grpo.sample(model, prompt_format, questions, args, device, shapes["G"])
 
