@@ -3,9 +3,10 @@ common/results/gpu.md. Nothing is downloaded: the models are random weights in r
 (common/tools/scale.py), and random weights cost what trained ones cost.
 
     python -m common.tools.gpu_check --out gpu.md                     # one GPU: at most 15 minutes
-    python -m common.tools.gpu_check --out gpu.md --steps machine generation --limits generation=230  # a lent card
+    python -m common.tools.gpu_check --out gpu.md --steps machine generation --limits generation=400  # some steps
     python -m common.tools.gpu_check --out gpu.md --before ../old     # beside another checkout's decoding
     python -m common.tools.gpu_check --dry-run                        # tiny shapes on the CPU: the suite runs it
+    python -m common.tools.card_prep                                  # a lent card's calls, planned and prepared
 
 Each step runs in a process of its own, bounded in time; it prints its rows as they come, and one line when it
 fails or runs out of time, and the next step begins. `--out` is rewritten after every step, with the profiles
