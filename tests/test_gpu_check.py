@@ -209,3 +209,9 @@ def test_a_step_that_fails_or_runs_out_of_time_keeps_the_rows_it_said():
     assert gpu_check.step_table(slow, 2) == ["| eager | 8.1 |", "(ran out of its 2 s)"]
     done = [sys.executable, "-c", said + "print('@@table\\n| eager | 8.1 |\\n| compiled | 2.9 |')"]
     assert gpu_check.step_table(done, 60) == ["| eager | 8.1 |", "| compiled | 2.9 |"]
+
+
+def test_the_guide_says_what_the_steps_limits_add_up_to():
+    with open(os.path.join(ROOT, "common", "GUIDE.md")) as f:
+        said = re.search(r"its steps' limits add up to (\d+) s", " ".join(f.read().split()))
+    assert said and int(said.group(1)) == sum(gpu_check.STEP_SECONDS.values())
