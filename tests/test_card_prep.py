@@ -23,7 +23,7 @@ def test_the_planned_calls_fit_the_card(tmp_path):
     half = 88.6 * 2**20 / 2
     assert tree + before + half <= card_prep.CARRY_LIMIT and tree + half <= card_prep.CARRY_LIMIT
     assert "the last has 180 s" in card_prep.plan()[-1]  # 900 - a start of 120 - 570 - 30 warm
-    # each call's check parses, and the first's steps' limits leave the models' building (~20 s) room in the call
+    # each call's check parses, and the first's steps' limits leave the models' building (40 s) room in the call
     for i, (command, _, timeout) in enumerate(card_prep.CALLS):
         (check,) = [part for part in command.split("; ") if "common.tools.gpu_check" in part]
         words = shlex.split(check.replace("$OUT", str(tmp_path)))

@@ -71,12 +71,9 @@ def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, option
 
     from common.tools import card_prep
 
-    before = tmp_path / "before"
-    before.mkdir()
-    archive = subprocess.run(["git", "archive", card_prep.BEFORE], cwd=ROOT, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
-    options.before, options.folders = str(before), ";".join(f"{k}={v}" for k, v in folders.items())
-    drawn = []  # the rows that drew with the candidate (the prefill's draw runs eagerly: counted at every sampling)
+    card_prep.check_out_before(str(tmp_path / "before"))
+    options.before, options.folders = str(tmp_path / "before"), ";".join(f"{k}={v}" for k, v in folders.items())
+    drawn = []  # calls of the candidate (the prefill's draw runs eagerly: one at every sampling, at least)
     candidate = gpu_check.blocked_draw
     monkeypatch.setattr(gpu_check, "blocked_draw", lambda *a: drawn.append(1) or candidate(*a))
     table = rows(gpu_check.step_generation(SHAPES, folders, options))

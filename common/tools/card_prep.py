@@ -68,14 +68,19 @@ def tree_bytes() -> int:
                and os.path.isfile(os.path.join(ROOT, name)))
 
 
+def check_out_before(folder: str, run=subprocess.run) -> None:
+    """The tree of commit BEFORE in `folder` (made here), without touching this checkout's own files."""
+    os.makedirs(folder)
+    archive = run(["git", "archive", BEFORE], cwd=ROOT, capture_output=True, check=True).stdout
+    run(["tar", "-x", "-C", folder], input=archive, check=True)
+
+
 def make(run=subprocess.run) -> None:
     """Each folder that is not there yet; `run` runs the commands (the tests pass their own)."""
     ignore([".before", ".whl", ".smollm2-1", ".smollm2-2"])
     before = os.path.join(ROOT, ".before")
     if not os.path.isdir(before):
-        os.makedirs(before)
-        archive = run(["git", "archive", BEFORE], cwd=ROOT, capture_output=True, check=True).stdout
-        run(["tar", "-x", "-C", before], input=archive, check=True)
+        check_out_before(before, run)
     wheels = os.path.join(ROOT, ".whl")
     if not os.path.isdir(wheels):
         platforms = [flag for platform in PLATFORMS for flag in ("--platform", platform)]
