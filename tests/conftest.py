@@ -2,6 +2,7 @@
 algorithm files, and one fixture that runs a script's main block in this process. Under pytest-xdist (`-n 2`,
 the README's command) each worker and the processes it starts compute on one thread: two workers of two
 threads each on two cores ran slower than one worker."""
+import gc
 import os
 import runpy
 import sys
@@ -16,6 +17,13 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 CLASSIC = ["vpg", "a2c", "trpo", "ppo"]
 GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
+
+
+def pytest_collection_finish(session):
+    """Python's full garbage collections walk every object alive, and once the tests are collected those are
+    millions: torch's, transformers' and the test modules'. Frozen (they live until the end anyway), they are left
+    out of the walks. Measured on a loaded machine, a worker's full collections took 19-21 s before, 9-16 s after."""
+    gc.freeze()
 
 
 @pytest.fixture

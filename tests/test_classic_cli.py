@@ -147,26 +147,30 @@ def test_main_rejects_bad_input_before_building_anything(name, in_process, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------
-# Smoke runs from the CLI, as subprocesses (run in parallel)
+# Smoke runs: each file from its command line on CartPole, as subprocesses (run in parallel), and its main block on
+# Pendulum in this process (the continuous actions' code path; the command line is the same)
 
 
-def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path):
+def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path, in_process):
     procs = {}
     for name in FILES:
-        for env_id in ["CartPole-v1", "Pendulum-v1"]:
-            cwd = tmp_path / f"{name}_{env_id}"
-            cwd.mkdir()
-            cmd = [sys.executable, os.path.join(ROOT, f"{name}.py"), "--env-id", env_id, *TINY]
-            if name == "ppo" and env_id == "CartPole-v1":
-                cmd.append("--save-model")
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            procs[name, env_id] = (cwd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                                         stderr=subprocess.PIPE, text=True))
-    for (name, env_id), (cwd, proc) in procs.items():
+        cwd = tmp_path / f"{name}_CartPole-v1"
+        cwd.mkdir()
+        cmd = [sys.executable, os.path.join(ROOT, f"{name}.py"), "--env-id", "CartPole-v1", *TINY]
+        if name == "ppo":
+            cmd.append("--save-model")
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        procs[name] = (cwd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                             text=True))
+    outputs = {(name, "Pendulum-v1"): in_process(name, ["--env-id", "Pendulum-v1", *TINY], subdir=f"{name}_Pendulum")
+               for name in FILES}
+    for name, (cwd, proc) in procs.items():
         out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name} {env_id}:\n{err[-2000:]}"
-        assert "step     1024 | return" in out, out  # the console line of the last iteration
+        assert proc.returncode == 0, f"{name} CartPole-v1:\n{err[-2000:]}"
         (run_dir,) = (cwd / "runs").iterdir()
+        outputs[name, "CartPole-v1"] = run_dir, out
+    for (name, env_id), (run_dir, out) in outputs.items():
+        assert "step     1024 | return" in out, out  # the console line of the last iteration
         assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # run_name = {env}__{algo}__{seed}__{time}
         last = out.strip().splitlines()[-1]  # the closing line names the run's folder
         assert last.startswith("end: 1,024 env steps in ") and last.endswith(f"(this run: runs/{run_dir.name})")

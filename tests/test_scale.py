@@ -47,18 +47,19 @@ def test_tiny_run_fills_a_row():
     assert float(cells[9]) == 0.0  # one step per iteration, at ratio 1: nothing clipped on a CPU
 
 
-def test_the_plan_sizes_passes_as_a_run_does():
+def test_the_plan_sizes_passes_as_a_run_does(monkeypatch, capsys):
     """The plan's rows come from the functions a run calls: SmolLM2 on a CPU keeps its whole minibatch of 16 (the
     recipe's passes), no GPU row's estimate exceeds 90 % of the card, and a 7B model sharded over 8 cards (--fsdp)
-    charges each process its share of the training state, not the whole model's."""
+    charges each process its share of the training state, not the whole model's. `python -m common.tools.scale` in
+    this process (its command line runs above, with --help)."""
     from common import memory
     from common.tools import scale as tool
 
-    result = subprocess.run([sys.executable, "-m", "common.tools.scale"], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    monkeypatch.setattr(sys, "argv", ["scale.py"])
+    tool.main()
+    stdout = capsys.readouterr().out
     cells = [[c.strip() for c in line.strip("|").split("|")]
-             for line in result.stdout.split("\nState per process")[0].splitlines()
+             for line in stdout.split("\nState per process")[0].splitlines()
              if line.startswith("| ") and "---" not in line][1:]  # the rows under the header
     rows = {f"{row[0]} {row[3]}": row for row in cells}  # model and what is trained
     assert rows["smollm2-135m all"][7] == "16 of 16"
