@@ -162,8 +162,8 @@ def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path, in_process):
         env = dict(os.environ, OMP_NUM_THREADS="1")
         procs[name] = (cwd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                              text=True))
-    outputs = {(name, "Pendulum-v1"): in_process(name, ["--env-id", "Pendulum-v1", *TINY], subdir=f"{name}_Pendulum")
-               for name in FILES}
+    pendulum = ["--env-id", "Pendulum-v1", *TINY]
+    outputs = {(name, "Pendulum-v1"): in_process(name, pendulum, subdir=f"{name}_Pendulum-v1") for name in FILES}
     for name, (cwd, proc) in procs.items():
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, f"{name} CartPole-v1:\n{err[-2000:]}"
