@@ -78,7 +78,7 @@ def test_the_update_step_takes_each_clip_bound_from_its_own_flag(module):
 
 @pytest.fixture(scope="module")
 def torchrun(tmp_path_factory):
-    """One torchrun launch of 2 processes (see torchrun_worker.py): the steps to compare, and every file's run."""
+    """One torchrun launch of 2 processes (torchrun_worker.py): the steps to compare, every file's run, a run's end."""
     out = tmp_path_factory.mktemp("torchrun")
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
@@ -165,26 +165,19 @@ def test_torchrun_two_processes_end_to_end(module, torchrun):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
-def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(tmp_path):
-    """The end of a real run (tests/torchrun_exit.py): process 0's final evaluation is long (1000 prompts) and
+def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(torchrun):
+    """The end of a real run (the launch's last part): process 0's final evaluation is long (1000 prompts) and
     process 1 has nothing left to do. Process 1 must leave only after that evaluation (processes.finish's barrier),
     and both must return without a gloo worker thread: one left alive (the group kept by DDP or by
     torch.distributed.nn) ran into interpreter finalisation and aborted process 1 in about 1 run of 5 (SIGABRT),
     and torchrun then killed process 0 mid-evaluation. Without the fix this fails every time, not 1 time in 5.
     grpo.py stands for all five: their main blocks end alike (tests/test_group_crossfile.py)."""
-    module = grpo
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-         os.path.join(ROOT, "tests", "torchrun_exit.py"), str(tmp_path), module.__name__, "--num-iterations", "1",
-         "--prompts-per-iteration", "4", "--num-minibatches", "2", "--eval-every", "100", "--eval-size", "1000"],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"exit_rank{rank}.json").read_text()) for rank in (0, 1)]
+    out, _, _ = torchrun
+    ranks = [json.loads((out / "exit" / f"exit_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [rank["gloo_threads"] for rank in ranks] == [0, 0], "the process group outlived the script"
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = (out / "exit" / "runs").iterdir()
     accumulator = EventAccumulator(str(run_dir))
     accumulator.Reload()
     (final,) = [event for event in accumulator.Scalars("charts/accuracy") if event.step == 1]

@@ -7,14 +7,19 @@
    folder), as `torchrun --nproc_per_node 2 grpo.py ...` would; each process writes a checksum of its trained
    weights, which must agree (the processes sample different responses; DDP keeps one model);
 3. grpo.py for 4 iterations straight, and again stopped by a SIGTERM to process 1 alone after iteration 2 (every
-   process stops with it) and resumed (--resume): process 0's logs and saved model, for the test to compare.
+   process stops with it) and resumed (--resume): process 0's logs and saved model, for the test to compare;
+4. the end of a run, last: grpo.py for 1 iteration with a long final evaluation (1000 prompts, process 0's alone);
+   then each process writes what is left when the main block returns: the time, and the gloo worker threads still
+   alive (one that outlives the script can abort it during interpreter finalisation: common/processes.py, finish).
    Not a test file."""
 
 import importlib
+import json
 import os
 import runpy
 import signal
 import sys
+import time
 
 import torch
 
@@ -59,6 +64,7 @@ if __name__ == "__main__":
     steps["whole-batch statistics"] = processes.global_fraction(rank + 1.0, 4.0), processes.global_mean(float(rank))
     if rank == 0:
         torch.save(steps, os.path.join(out, "steps.pt"))
+    del ddp_model  # the last DDP wrapper holds the group: its gloo threads would outlive it (part 4 counts them)
     torch.distributed.destroy_process_group()
 
     # Each main block joins a process group itself and leaves it at the end: give each its own rendezvous store
@@ -106,3 +112,20 @@ if __name__ == "__main__":
             with open(os.path.join(out, "resume", f"stopped_exit_rank{rank}.txt"), "w") as f:
                 f.write(str(e.code))
         sys.stdout.flush()
+
+    os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + 3)
+    os.makedirs(os.path.join(out, "exit"), exist_ok=True)
+    os.chdir(os.path.join(out, "exit"))
+    sys.argv = ["grpo.py", "--num-iterations", "1", "--prompts-per-iteration", "4", "--num-minibatches", "2",
+                "--eval-every", "100", "--eval-size", "1000"]
+    runpy.run_path(os.path.join(ROOT, "grpo.py"), run_name="__main__")
+    returned = time.time()
+    threads = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                threads.append(f.read().strip())
+        except FileNotFoundError:  # the thread ended meanwhile
+            pass
+    with open(os.path.join(out, "exit", f"exit_rank{rank}.json"), "w") as f:
+        json.dump({"returned": returned, "gloo_threads": sum(t.startswith(("pt_gloo", "gloo")) for t in threads)}, f)
