@@ -12,6 +12,7 @@ import torch
 
 from common.tools import gpu_check
 from common.tools.scale import build_model
+from common.tools.scale import scalars as scale_scalars
 from conftest import ROOT
 
 SHAPES = gpu_check.SHAPES["dry"]
@@ -130,9 +131,17 @@ def test_the_blocked_draw_is_sample_tokens_draw_and_never_of_probability_0(vocab
     assert ends[0][16:].tolist() == [5, vocab - 1] * 4  # the first and the last token of π > 0
 
 
-def test_the_runs_report_their_figures(folders, options):
+def test_the_runs_report_their_figures(folders, options, in_process, monkeypatch):
+    """The embedded step runs grpo.py in a process of its own (run_script), as every run step does on the card; the
+    scale and card steps read their runs alike, so here their scripts run in this process."""
     (embedded, cpu) = rows(gpu_check.step_embedded(SHAPES, folders, options))
     assert embedded[1] == "1" and float(embedded[2]) > 0 and 0 <= float(embedded[3].split()[0]) <= 1
+
+    def run_here(script, flags, timeout):
+        run_dir, console = in_process(script, flags, subdir=f"{script}_{len(flags)}")
+        return console, scale_scalars(str(run_dir))
+
+    monkeypatch.setattr(gpu_check, "run_script", run_here)
     ((model, seconds, size, estimated, _, *phases),) = rows(gpu_check.step_scale(SHAPES, folders, options))
     assert model.startswith(SHAPES["scale"][0]) and int(size) >= 1 and estimated.endswith("(passes only)")
     assert float(seconds) > 0 and all(value.endswith("%") or float(value) >= 0 for value in phases)
