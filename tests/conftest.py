@@ -1,7 +1,7 @@
 """Shared pytest setup: the repository root importable (tests import the algorithm files), the lists of
-algorithm files, and one fixture that runs a script's main block in this process. Under pytest-xdist (`-n 2`,
-the README's command) each worker and the processes it starts compute on one thread: two workers of two
-threads each on two cores ran slower than one worker."""
+algorithm files, the order of the files under xdist, and one fixture that runs a script's main block in this
+process. Under pytest-xdist (`-n 2`, the README's command) each worker and the processes it starts compute on one
+thread: two workers of two threads each on two cores ran slower than one worker."""
 import gc
 import os
 import runpy
@@ -19,10 +19,10 @@ CLASSIC = ["vpg", "a2c", "trpo", "ppo"]
 GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 
 
-# The slowest files, slowest first (seconds of one run of the suite on 2 cores, 2026-11-29): under xdist each worker
-# takes the next file when it is nearly done with its own, in the order of the collection (loadscopereorder off
-# below), so that the long files start early and the two workers end close together, not one waiting for a long
-# file begun last. Every other file follows, in its usual order.
+# The slowest files (35-95 s each in runs of the suite on 2 cores, 2026-11-29), slowest first but the two that launch
+# torchrun (both cores busy) apart. Under xdist each worker takes the next file when nearly done with its own, in the
+# order of the collection (loadscopereorder off below): the long files start early and the two workers end close
+# together, not one waiting for a long file begun last. Every other file follows, in its usual order.
 SLOWEST_FIRST = ["test_classic_cli.py", "test_group_distributed.py", "test_gpu_check.py", "test_group_runs.py",
                  "test_lab.py", "test_group_real_models.py", "test_group_fsdp.py", "test_grpo.py",
                  "test_group_update.py", "test_decoding.py", "test_classic_rough_edges.py", "test_scale.py"]
@@ -34,6 +34,8 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process (tests.mutate's -x runs): the files in the order given
+        return
     rank = {name: place for place, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests in their order
 
