@@ -19,7 +19,7 @@ CLASSIC = ["vpg", "a2c", "trpo", "ppo"]
 GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 
 
-# The slowest files (35-95 s each in runs of the suite on 2 cores, 2026-11-29), slowest first but the two that launch
+# The slowest files (13-95 s each in runs of the suite on 2 cores, 2026-11-29), slowest first but the two that launch
 # torchrun (both cores busy) apart. Under xdist each worker takes the next file when nearly done with its own, in the
 # order of the collection (loadscopereorder off below): the long files start early and the two workers end close
 # together, not one waiting for a long file begun last. Every other file follows, in its usual order.
