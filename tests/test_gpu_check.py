@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from common.tools import gpu_check
-from common.tools.scale import build_model
-from common.tools.scale import scalars as scale_scalars
+from common.tools.scale import build_model, scalars
 from conftest import ROOT
 
 SHAPES = gpu_check.SHAPES["dry"]
@@ -139,7 +138,7 @@ def test_the_runs_report_their_figures(folders, options, in_process, monkeypatch
 
     def run_here(script, flags, timeout):
         run_dir, console = in_process(script, flags, subdir=f"{script}_{len(flags)}")
-        return console, scale_scalars(str(run_dir))
+        return console, scalars(str(run_dir))
 
     monkeypatch.setattr(gpu_check, "run_script", run_here)
     ((model, seconds, size, estimated, _, *phases),) = rows(gpu_check.step_scale(SHAPES, folders, options))

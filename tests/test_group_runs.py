@@ -152,9 +152,9 @@ def test_a_stop_while_the_model_loads_is_one_line(number, status, in_process, mo
     assert f"{signal.Signals(number).name}: stopped before training began; nothing was trained or saved" in out
 
 
-# The signal arrives while numpy, the first heavy import, loads: before any of the program's own handlers.
-# A Ctrl-C while torch loads, in a process started as from a terminal: Python turns SIGINT into KeyboardInterrupt
-# (a suite started in the background, `nohup ... &`, hands its processes SIGINT ignored, and Python keeps that).
+# The signal arrives while numpy, the first heavy import, loads: before any of the program's own handlers. The
+# process first takes SIGINT as one started from a terminal does (KeyboardInterrupt): a suite started in the
+# background (`nohup ... &`) hands its processes SIGINT ignored, and Python keeps that.
 SIGINT_AT_NUMPY = """import os, signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)
 class SignalAtNumpy:

@@ -113,6 +113,7 @@ if __name__ == "__main__":
                 f.write(str(e.code))
         sys.stdout.flush()
 
+    # The end of a run, on a fresh port: what is left of each process once the main block has returned.
     os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + 3)
     os.makedirs(os.path.join(out, "exit"), exist_ok=True)
     os.chdir(os.path.join(out, "exit"))
