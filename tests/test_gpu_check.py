@@ -73,11 +73,19 @@ def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, option
 
     card_prep.check_out_before(str(tmp_path / "before"))
     options.before, options.folders = str(tmp_path / "before"), ";".join(f"{k}={v}" for k, v in folders.items())
-    drawn = []  # calls of the candidate (the prefill's draw runs eagerly: one at every sampling, at least)
-    candidate = gpu_check.blocked_draw
-    monkeypatch.setattr(gpu_check, "blocked_draw", lambda *a: drawn.append(1) or candidate(*a))
+    from common import decoding
+
+    drawn = []  # the draw each compiled sampling is given: counted outside the compiled step (a count inside it
+    own_init = decoding.Decoder.__init__  # would be traced, and the step recompiled at every call)
+
+    def init(self, *args, **kwargs):
+        if kwargs["compiled"]:
+            drawn.append(kwargs["draw"])
+        own_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(decoding.Decoder, "__init__", init)
     table = rows(gpu_check.step_generation(SHAPES, folders, options))
-    assert len(drawn) >= 5  # its first call, 3 timed, 1 profiled
+    assert drawn.count(gpu_check.blocked_draw) >= 5 and drawn.count(grpo.sample_token) >= 5  # 1st, 3 timed, profile
     eager, compiled, compiled_top, blocked, blocked_top, older, older_top = table
     assert eager[0] == "sample, eager" and float(eager[1]) > 0 and float(eager[6]) < 1e-4
     assert compiled[0] == "sample, compiled, float32 output layer" and compiled[5] == "100%"
