@@ -283,7 +283,8 @@ def test_real_model_code_path_with_another_tokenizer(tmp_path, in_process):
 
 
 def test_grpo_learns_on_the_embedded_model(in_process):
-    # A short run on a fixed seed: held-out sampled accuracy must rise by a clear margin (measured: 0.515 → 0.805).
-    run_dir, _ = in_process("grpo", ["--num-iterations", "40", "--eval-every", "40", "--seed", "1"])
+    # A short run on a fixed seed: held-out sampled accuracy must rise by a clear margin (measured: 0.515 → 0.785;
+    # seeds 2 and 3: 0.775 and 0.780, then 0.79-0.81 after 40 iterations, the gain mostly in the first 20).
+    run_dir, _ = in_process("grpo", ["--num-iterations", "20", "--eval-every", "20", "--seed", "1"])
     first, last = scalars(str(run_dir), "charts/accuracy")
     assert last >= first + 0.2, (first, last)
