@@ -135,8 +135,8 @@ def _readme_snippet():
 
 def test_readme_snippet_loads_a_saved_agent_and_matches_training(in_process, monkeypatch, capsys):
     # trained with --norm-obs, so the snippet must also apply the saved observation statistics (without
-    # them this agent scores ~135 against ~390 with them and ~290 over its last 20 training episodes)
-    run_dir, _ = in_process("ppo", ["--total-timesteps", "30720", "--norm-obs", "--save-model"])
+    # them this agent scores ~87 against ~448 with them and ~386 over its last 20 training episodes)
+    run_dir, _ = in_process("ppo", ["--total-timesteps", "16384", "--norm-obs", "--save-model"])
     training = [v for _, _, v in read_scalars(str(run_dir))["charts/episodic_return"]][-20:]
     code = _readme_snippet()
     code, n = re.subn(r'^path = ".*"$', f'path = "{run_dir / "ppo.pt"}"', code, flags=re.M)
