@@ -1,8 +1,8 @@
 """Classic control from the command line: bad input, smoke runs, seeding, saving, learning.
 
-Bad input is checked in-process (each python process costs seconds); the smoke runs are real
-subprocesses, one per script and env, run in parallel; seeding and learning run the scripts'
-main loop in-process with runpy.
+Bad input is checked in-process (each python process costs seconds); the smoke runs run each
+script's main block in-process with runpy, and ppo.py once more as a user types it, in a process of
+its own (the four files start alike); seeding and learning run in-process too.
 """
 import dataclasses
 import importlib
@@ -147,28 +147,23 @@ def test_main_rejects_bad_input_before_building_anything(name, in_process, tmp_p
 
 
 # ---------------------------------------------------------------------------------------------
-# Smoke runs: each file from its command line on CartPole, as subprocesses (run in parallel), and its main block on
-# Pendulum in this process (the continuous actions' code path; the command line is the same)
+# Smoke runs: each file's main block on CartPole (discrete actions) and Pendulum (continuous) in this process, and
+# ppo.py on CartPole from its command line, in a process of its own (run beside the others)
 
 
 def test_smoke_all_scripts_cartpole_and_pendulum(tmp_path, in_process):
-    procs = {}
-    for name in FILES:
-        cwd = tmp_path / f"{name}_CartPole-v1"
-        cwd.mkdir()
-        cmd = [sys.executable, os.path.join(ROOT, f"{name}.py"), "--env-id", "CartPole-v1", *TINY]
-        if name == "ppo":
-            cmd.append("--save-model")
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        procs[name] = (cwd, subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                             text=True))
-    pendulum = ["--env-id", "Pendulum-v1", *TINY]
-    outputs = {(name, "Pendulum-v1"): in_process(name, pendulum, subdir=f"{name}_Pendulum-v1") for name in FILES}
-    for name, (cwd, proc) in procs.items():
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, f"{name} CartPole-v1:\n{err[-2000:]}"
-        (run_dir,) = (cwd / "runs").iterdir()
-        outputs[name, "CartPole-v1"] = run_dir, out
+    cwd = tmp_path / "ppo_CartPole-v1"
+    cwd.mkdir()
+    command = [sys.executable, os.path.join(ROOT, "ppo.py"), "--env-id", "CartPole-v1", *TINY, "--save-model"]
+    process = subprocess.Popen(command, cwd=cwd, env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    runs = [(name, env_id) for name in FILES for env_id in ("CartPole-v1", "Pendulum-v1")]
+    outputs = {(name, env_id): in_process(name, ["--env-id", env_id, *TINY], subdir=f"{name}_{env_id}")
+               for name, env_id in runs if (name, env_id) != ("ppo", "CartPole-v1")}
+    out, err = process.communicate(timeout=120)
+    assert process.returncode == 0, f"ppo CartPole-v1:\n{err[-2000:]}"
+    (run_dir,) = (cwd / "runs").iterdir()
+    outputs["ppo", "CartPole-v1"] = run_dir, out
     for (name, env_id), (run_dir, out) in outputs.items():
         assert "step     1024 | return" in out, out  # the console line of the last iteration
         assert run_dir.name.startswith(f"{env_id}__{name}__1__")  # run_name = {env}__{algo}__{seed}__{time}
