@@ -303,7 +303,12 @@ class Board:
             import wandb
 
             # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
-            # it mirrors into it, and copies of copies would pile up in a folder it watches
+            # it mirrors into it, and copies of copies would pile up in a folder it watches. The run's
+            # folder is named as TensorBoard's root: without it, W&B's reader waits 10 s at the end of the
+            # run for a second log folder to infer a root from. (A run before this one in the process may
+            # have patched TensorBoard already: unpatched first.)
+            wandb.tensorboard.unpatch()
+            wandb.tensorboard.patch(root_logdir=folder)
             try:
                 wandb.init(project=args.wandb_project_name or "policy-gradients", entity=args.wandb_entity,
                            config=vars(args), name=os.path.basename(folder), sync_tensorboard=True)
