@@ -166,12 +166,13 @@ def test_torchrun_two_processes_end_to_end(module, torchrun):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc/self/task")
 def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(torchrun):
-    """The end of a real run (the launch's last part): process 0's final evaluation is long (1000 prompts) and
-    process 1 has nothing left to do. Process 1 must leave only after that evaluation (held by the reduction after
-    the last iteration, checkpoints.after, and by processes.finish's barrier), and both must return without a gloo
-    worker thread: one left alive (the group kept by DDP or by torch.distributed.nn) ran into interpreter
-    finalisation and aborted process 1 in about 1 run of 5 (SIGABRT), and torchrun then killed process 0
-    mid-evaluation. Without the fix this fails every time, not 1 time in 5.
+    """The end of a real run (the launch's last part): process 0's final evaluation is long (1000 prompts), then it
+    saves the model (slowly), and process 1 has nothing left to do. Process 1 must leave only after both: the
+    evaluation (it is held by the reduction after the last iteration, checkpoints.after), and the save (by
+    processes.finish's barrier alone). Both must return without a gloo worker thread: one left alive (the group
+    kept by DDP or by torch.distributed.nn) ran into interpreter finalisation and aborted process 1 in about 1 run
+    of 5 (SIGABRT), and torchrun then killed process 0 mid-evaluation. Without the fix this fails every time, not 1
+    time in 5.
     grpo.py stands for all five: their main blocks end alike (tests/test_group_crossfile.py)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -183,6 +184,7 @@ def test_torchrun_run_ends_after_the_final_evaluation_and_leaves_no_gloo_thread(
     accumulator.Reload()
     (final,) = [event for event in accumulator.Scalars("charts/accuracy") if event.step == 1]
     assert ranks[1]["returned"] > final.wall_time, "process 1 left before process 0's final evaluation ended"
+    assert ranks[1]["returned"] > ranks[0]["saved"], "process 1 left before process 0 had saved the model"
 
 
 def test_two_processes_stopped_and_resumed_are_the_uninterrupted_run(torchrun):

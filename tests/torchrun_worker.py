@@ -8,9 +8,10 @@
    weights, which must agree (the processes sample different responses; DDP keeps one model);
 3. grpo.py for 4 iterations straight, and again stopped by a SIGTERM to process 1 alone after iteration 2 (every
    process stops with it) and resumed (--resume): process 0's logs and saved model, for the test to compare;
-4. the end of a run, last: grpo.py for 1 iteration with a long final evaluation (1000 prompts, process 0's alone);
-   then each process writes what is left when the main block returns: the time, and the gloo worker threads still
-   alive (one that outlives the script can abort it during interpreter finalisation: common/processes.py, finish).
+4. the end of a run, last: grpo.py for 1 iteration with a long final evaluation (1000 prompts, process 0's alone)
+   and a slow --save-model (process 0 writes); then each process writes what is left when the main block returns:
+   the time (and process 0 when its save ended), and the gloo worker threads still alive (one that outlives the
+   script can abort it during interpreter finalisation: common/processes.py, finish).
    Not a test file."""
 
 import importlib
@@ -27,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
 from test_group_update import adam_update  # noqa: E402
-from common import processes  # noqa: E402
+from common import policy, processes  # noqa: E402
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -118,7 +119,16 @@ if __name__ == "__main__":
     os.makedirs(os.path.join(out, "exit"), exist_ok=True)
     os.chdir(os.path.join(out, "exit"))
     sys.argv = ["grpo.py", "--num-iterations", "1", "--prompts-per-iteration", "4", "--num-minibatches", "2",
-                "--eval-every", "100", "--eval-size", "1000"]
+                "--eval-every", "100", "--eval-size", "1000", "--save-model"]
+    real_save, saved = policy.save_model, {}
+
+    def slow_save(model, tokenizer, folder, writes):  # a save long enough for the order to show
+        real_save(model, tokenizer, folder, writes)
+        if writes:
+            time.sleep(2)
+            saved["at"] = time.time()
+
+    policy.save_model = slow_save
     runpy.run_path(os.path.join(ROOT, "grpo.py"), run_name="__main__")
     returned = time.time()
     threads = []
@@ -129,4 +139,5 @@ if __name__ == "__main__":
         except FileNotFoundError:  # the thread ended meanwhile
             pass
     with open(os.path.join(out, "exit", f"exit_rank{rank}.json"), "w") as f:
-        json.dump({"returned": returned, "gloo_threads": sum(t.startswith(("pt_gloo", "gloo")) for t in threads)}, f)
+        json.dump({"returned": returned, "saved": saved.get("at"),
+                   "gloo_threads": sum(t.startswith(("pt_gloo", "gloo")) for t in threads)}, f)
