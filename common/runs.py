@@ -292,8 +292,7 @@ class Board:
 
         try:
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, ".writable"), "w"):
-                pass
+            open(os.path.join(folder, ".writable"), "w").close()
             os.remove(os.path.join(folder, ".writable"))
         except OSError as e:
             raise SystemExit(f"error: cannot write the run's folder {folder} ({e.strerror}): run from "
@@ -302,12 +301,10 @@ class Board:
         if self.track:  # started before the writer, whose event files it mirrors
             import wandb
 
-            # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event files
-            # it mirrors into it, and copies of copies would pile up in a folder it watches. The run's
-            # folder is named as TensorBoard's root: without it, W&B's reader waits 10 s at the end of the
-            # run for a second log folder to infer a root from. (A run before this one in the process may
-            # have patched TensorBoard already: unpatched first.)
-            wandb.tensorboard.unpatch()
+            # W&B's own folder (./wandb, or $WANDB_DIR) stays outside the run's: W&B copies the event
+            # files it mirrors into it (copies of copies would pile up in a folder it watches). The run's
+            # folder is named TensorBoard's root: else W&B waits 10 s at the end for another to infer one.
+            wandb.tensorboard.unpatch()  # a run before this one in the process may have patched it
             wandb.tensorboard.patch(root_logdir=folder)
             try:
                 wandb.init(project=args.wandb_project_name or "policy-gradients", entity=args.wandb_entity,
