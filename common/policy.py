@@ -51,7 +51,8 @@ class ModelArgs:
     lora_alpha: Optional[float] = None
     """LoRA scale α: the adapter's update is (α / r) B A; None: 32 (with --lora-rank only)"""
     gradient_checkpointing: bool = False
-    """recompute activations in the backward pass: less memory, a second forward pass in the update"""
+    """recompute activations in the backward pass: less memory for long responses, at a second forward pass in
+    the update; each response then reads its prompt again (a checkpointed layer keeps no cache: results/scale.md)"""
     fsdp: bool = False
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
     # Speed
