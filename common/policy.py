@@ -51,8 +51,7 @@ class ModelArgs:
     lora_alpha: Optional[float] = None
     """LoRA scale α: the adapter's update is (α / r) B A; None: 32 (with --lora-rank only)"""
     gradient_checkpointing: bool = False
-    """recompute activations in the backward pass: less memory for long responses, at a second forward pass in
-    the update; each response then reads its prompt again (a checkpointed layer keeps no cache: results/scale.md)"""
+    """recompute activations in the backward pass: less memory for long responses; a second forward pass, and each response reads its prompt again (no cache: results/scale.md)"""  # noqa: E501
     fsdp: bool = False
     """under torchrun: shard the weights, gradients and Adam's state over the processes (FSDP2)"""
     # Speed
