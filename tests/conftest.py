@@ -19,13 +19,13 @@ CLASSIC = ["vpg", "a2c", "trpo", "ppo"]
 GROUP = ["grpo", "dr_grpo", "dapo", "gspo", "sapo"]
 
 
-# The slowest files (13-95 s each in runs of the suite on 2 cores, 2026-11-29), slowest first but the two that launch
+# The slowest files (11-58 s each in a run of the suite on 2 cores, 2026-11-29), slowest first but the two that launch
 # torchrun (both cores busy) apart. Under xdist each worker takes the next file when nearly done with its own, in the
 # order of the collection (loadscopereorder off below): the long files start early and the two workers end close
 # together, not one waiting for a long file begun last. Every other file follows, in its usual order.
-SLOWEST_FIRST = ["test_classic_cli.py", "test_group_distributed.py", "test_gpu_check.py", "test_group_runs.py",
-                 "test_lab.py", "test_group_real_models.py", "test_group_fsdp.py", "test_grpo.py",
-                 "test_group_update.py", "test_decoding.py", "test_classic_rough_edges.py", "test_scale.py"]
+SLOWEST_FIRST = ["test_gpu_check.py", "test_classic_cli.py", "test_group_distributed.py", "test_group_real_models.py",
+                 "test_group_runs.py", "test_group_fsdp.py", "test_lab.py", "test_grpo.py", "test_group_update.py",
+                 "test_decoding.py", "test_classic_rough_edges.py", "test_scale.py"]
 
 
 def pytest_configure(config):
