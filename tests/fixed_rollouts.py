@@ -2,6 +2,10 @@
 and the update it must produce computed directly from the loss formula, without the file's update loop.
 Shared by the gradient-accumulation and the two-process tests; not a test file itself."""
 
+import os
+import socket
+import time
+
 import torch
 
 from common.processes import draw_minibatches
@@ -129,3 +133,22 @@ def direct_step(module, model, rollout, args) -> dict:
                               weights=rollout.weights, **method_kwargs(module, args))
     grads = torch.autograd.grad(loss, list(model.parameters()))
     return {name: (p - g).detach() for (name, p), g in zip(model.named_parameters(), grads)}
+
+
+def fresh_port(folder: str, rank: int) -> None:
+    """MASTER_PORT for the next process group of a torchrun worker (each run's main block joins one): a port the
+    system says is free, which process 0 writes into `folder` (new for each group) and the others read from it.
+    A fixed offset from torchrun's own port failed once in a run of the suite (process 0 could not open its store
+    there): ports near torchrun's are among those the system hands out to other sockets, gloo's included."""
+    path = os.path.join(folder, "port")
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        with open(path + ".tmp", "w") as f:
+            f.write(str(port))
+        os.replace(path + ".tmp", path)  # whole when the others see it
+    while not os.path.exists(path):
+        time.sleep(0.05)
+    with open(path) as f:
+        os.environ["MASTER_PORT"] = f.read()

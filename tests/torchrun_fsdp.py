@@ -21,8 +21,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 from common import processes, runs  # noqa: E402
-from fixed_rollouts import (as_samples, draw_epochs, fixed_rollout, forward_of, shard, tiny_gpt2,  # noqa: E402
-                            update, update_args)
+from fixed_rollouts import (as_samples, draw_epochs, fixed_rollout, forward_of, fresh_port, shard,  # noqa: E402
+                            tiny_gpt2, update, update_args)
 
 FILES = ("grpo", "dr_grpo", "dapo", "gspo", "sapo")
 
@@ -80,7 +80,6 @@ if __name__ == "__main__":
 
     # Each main block joins a process group itself and leaves it at the end: a fresh rendezvous store for each.
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-    base_port = int(os.environ["MASTER_PORT"])
     flags = ["--fsdp", "--num-iterations", "4", "--eval-every", "2", "--prompts-per-iteration", "4", "--eval-size",
              "8", "--num-minibatches", "2", "--save-model"]
     real_end = runs.IterationLog.end_iteration
@@ -90,12 +89,10 @@ if __name__ == "__main__":
         if iteration == 2 and rank == 1:  # one process only: the other must not wait for it in the save
             os.kill(os.getpid(), signal.SIGTERM)
 
-    port = base_port
     for name in ("grpo", "dapo"):
         for part, argv in [("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]:
-            port += 1
-            os.environ["MASTER_PORT"] = str(port)
             os.makedirs(os.path.join(out, name, part), exist_ok=True)
+            fresh_port(os.path.join(out, name, part), rank)
             os.chdir(os.path.join(out, name, "stopped" if part == "resumed" else part))
             runs.IterationLog.end_iteration = stopped_after_2 if part == "stopped" else real_end
             if part == "resumed":

@@ -26,7 +26,7 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
-from fixed_rollouts import fixed_rollout, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
+from fixed_rollouts import fixed_rollout, fresh_port, sgd_step, shard, tiny_gpt2, update_args  # noqa: E402
 from test_group_update import adam_update  # noqa: E402
 from common import policy, processes  # noqa: E402
 
@@ -71,10 +71,9 @@ if __name__ == "__main__":
     # Each main block joins a process group itself and leaves it at the end: give each its own rendezvous store
     # (a fresh port that process 0 serves), since the agent's store still holds the first group's keys.
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
-    base_port = int(os.environ["MASTER_PORT"])
-    for index, name in enumerate(FILES):
-        os.environ["MASTER_PORT"] = str(base_port + 1 + index)
+    for name in FILES:
         os.makedirs(os.path.join(out, name), exist_ok=True)
+        fresh_port(os.path.join(out, name), rank)
         os.chdir(os.path.join(out, name))
         if rank == 0:
             print(f"=== {name}.py", flush=True)
@@ -97,9 +96,9 @@ if __name__ == "__main__":
         if iteration == 2 and rank == 1:  # one process only: the others must stop with it
             os.kill(os.getpid(), signal.SIGTERM)
 
-    for index, (part, argv) in enumerate([("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]):
-        os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + index)
+    for part, argv in [("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]:
         os.makedirs(os.path.join(out, "resume", part), exist_ok=True)
+        fresh_port(os.path.join(out, "resume", part), rank)
         os.chdir(os.path.join(out, "resume", "stopped" if part == "resumed" else part))
         runs.IterationLog.end_iteration = stopped_after_2 if part == "stopped" else real_end
         if part == "resumed":
@@ -115,8 +114,8 @@ if __name__ == "__main__":
         sys.stdout.flush()
 
     # The end of a run, on a fresh port: what is left of each process once the main block has returned.
-    os.environ["MASTER_PORT"] = str(base_port + 1 + len(FILES) + 3)
     os.makedirs(os.path.join(out, "exit"), exist_ok=True)
+    fresh_port(os.path.join(out, "exit"), rank)
     os.chdir(os.path.join(out, "exit"))
     sys.argv = ["grpo.py", "--num-iterations", "1", "--prompts-per-iteration", "4", "--num-minibatches", "2",
                 "--eval-every", "100", "--eval-size", "1000", "--save-model"]
