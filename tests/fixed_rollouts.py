@@ -1,6 +1,7 @@
 """A fixed rollout batch on a tiny random GPT-2, the same in every process that builds it from the same seeds,
 and the update it must produce computed directly from the loss formula, without the file's update loop.
-Shared by the gradient-accumulation and the two-process tests; not a test file itself."""
+Shared by the gradient-accumulation and the two-process tests (and the torchrun workers' ports); not a test
+file itself."""
 
 import os
 import socket
@@ -137,9 +138,10 @@ def direct_step(module, model, rollout, args) -> dict:
 
 def fresh_port(folder: str, rank: int) -> None:
     """MASTER_PORT for the next process group of a torchrun worker (each run's main block joins one): a port the
-    system says is free, which process 0 writes into `folder` (new for each group) and the others read from it.
+    system says is free, which process 0 writes into `folder` (new for each group, made here) and the others read.
     A fixed offset from torchrun's own port failed once in a run of the suite (process 0 could not open its store
     there): ports near torchrun's are among those the system hands out to other sockets, gloo's included."""
+    os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "port")
     if rank == 0:
         with socket.socket() as probe:

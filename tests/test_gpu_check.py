@@ -69,14 +69,14 @@ def test_the_generation_step_sets_compiled_decoding_beside_eager(folders, option
     beside the report."""
     import grpo
 
+    from common import decoding
     from common.tools import card_prep
 
     card_prep.check_out_before(str(tmp_path / "before"))
     options.before, options.folders = str(tmp_path / "before"), ";".join(f"{k}={v}" for k, v in folders.items())
-    from common import decoding
-
-    drawn = []  # the draw each compiled sampling is given: counted outside the compiled step (a count inside it
-    own_init = decoding.Decoder.__init__  # would be traced, and the step recompiled at every call)
+    # The draw each compiled sampling is given, counted outside the compiled step: a count inside it would be
+    # traced, and the step recompiled at every call.
+    drawn, own_init = [], decoding.Decoder.__init__
 
     def init(self, *args, **kwargs):
         if kwargs["compiled"]:

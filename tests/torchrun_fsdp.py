@@ -91,7 +91,6 @@ if __name__ == "__main__":
 
     for name in ("grpo", "dapo"):
         for part, argv in [("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]:
-            os.makedirs(os.path.join(out, name, part), exist_ok=True)
             fresh_port(os.path.join(out, name, part), rank)
             os.chdir(os.path.join(out, name, "stopped" if part == "resumed" else part))
             runs.IterationLog.end_iteration = stopped_after_2 if part == "stopped" else real_end

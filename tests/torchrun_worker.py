@@ -72,7 +72,6 @@ if __name__ == "__main__":
     # (a fresh port that process 0 serves), since the agent's store still holds the first group's keys.
     os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "False"
     for name in FILES:
-        os.makedirs(os.path.join(out, name), exist_ok=True)
         fresh_port(os.path.join(out, name), rank)
         os.chdir(os.path.join(out, name))
         if rank == 0:
@@ -97,7 +96,6 @@ if __name__ == "__main__":
             os.kill(os.getpid(), signal.SIGTERM)
 
     for part, argv in [("straight", flags), ("stopped", flags), ("resumed", ["--resume"])]:
-        os.makedirs(os.path.join(out, "resume", part), exist_ok=True)
         fresh_port(os.path.join(out, "resume", part), rank)
         os.chdir(os.path.join(out, "resume", "stopped" if part == "resumed" else part))
         runs.IterationLog.end_iteration = stopped_after_2 if part == "stopped" else real_end
@@ -114,7 +112,6 @@ if __name__ == "__main__":
         sys.stdout.flush()
 
     # The end of a run, on a fresh port: what is left of each process once the main block has returned.
-    os.makedirs(os.path.join(out, "exit"), exist_ok=True)
     fresh_port(os.path.join(out, "exit"), rank)
     os.chdir(os.path.join(out, "exit"))
     sys.argv = ["grpo.py", "--num-iterations", "1", "--prompts-per-iteration", "4", "--num-minibatches", "2",
