@@ -446,7 +446,9 @@ def save_model(model, tokenizer, folder: str, is_main: bool = True) -> None:
         return
     tmp, old = folder + ".tmp", folder + ".old"
     shutil.rmtree(tmp, ignore_errors=True)  # left by a save that was killed
-    model.save_pretrained(tmp)
+    # an adapter without the embeddings (LoRA never resizes them), and peft asks no hub whether it did
+    lora = {"save_embedding_layers": False} if hasattr(model, "peft_config") else {}
+    model.save_pretrained(tmp, **lora)
     tokenizer.save_pretrained(tmp)
     if os.path.exists(folder):
         os.replace(folder, old)
