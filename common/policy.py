@@ -67,7 +67,7 @@ class ModelArgs:
     correction_cap: Optional[float] = None
     """C: the cap on π_θold/μ, or the band [1/C, C]; None: 2 (sequence-geo-reject 1.03, sequence-mis 3)"""
     old_logprobs: Optional[Literal["trainer", "sampler"]] = None
-    """π_θold of the ratio: rescored by the trainer, or the sampler's log-probs; None: sampler with a lag"""
+    """π_θold of the ratio: rescored by the trainer, or the sampler's; None: sampler with a lag, no --correction"""
     # Evaluation and bookkeeping
     eval_every: Optional[int] = None
     """evaluate every this many iterations (and at the start and the end); None: 10 (6 on a CPU)"""
