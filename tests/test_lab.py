@@ -157,11 +157,13 @@ def test_dynamic_sampling_counts_every_generated_response():
     assert lab.samples_per_iteration(grpo, 1) == 128
 
 
-def test_arm_flags_replace_the_number_of_iterations():
+def test_arm_flags_replace_the_number_of_iterations_and_the_held_out_prompts():
     exp = lab.EXPERIMENTS["length-bias"]
-    flags = lab.arm_flags(exp, [], num_iterations=7)
-    assert flags.count("--num-iterations") == 1 and flags[flags.index("--num-iterations") + 1] == "7"
-    assert lab.arm_flags(exp, [])[lab.arm_flags(exp, []).index("--num-iterations") + 1] == "80"
+    flags = lab.arm_flags(exp, [], num_iterations=7, eval_size=9)
+    for flag, value in (("--num-iterations", "7"), ("--eval-size", "9")):
+        assert flags.count(flag) == 1 and flags[flags.index(flag) + 1] == value
+    own = lab.arm_flags(exp, [])
+    assert own[own.index("--num-iterations") + 1] == "80" and own[own.index("--eval-size") + 1] == "200"
 
 
 def test_a_progress_line_with_an_eta_as_each_run_ends(monkeypatch, capsys):
@@ -202,6 +204,10 @@ def test_arms_run_alone_and_the_others_are_kept_from_the_saved_curves(tmp_path, 
     with pytest.raises(SystemExit):  # other seeds than the saved curves' would mix two experiments
         lab.main(["sampler-mismatch", "--seeds", "1", "--out", str(tmp_path), "--arms", "lag 4, none"])
     assert "was run with seeds [1, 2]" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # and so would other held-out prompts
+        lab.main(["sampler-mismatch", "--seeds", "1", "2", "--eval-size", "8", "--out", str(tmp_path), "--arms",
+                  "lag 4, none"])
+    assert "--num-iterations None and --eval-size None; give the same" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -209,6 +215,7 @@ def test_arms_run_alone_and_the_others_are_kept_from_the_saved_curves(tmp_path, 
     (["all", "--arms", "grpo"], "--arms needs one experiment"),
     (["length-bias", "--parallel", "0"], "--parallel must be >= 1"),
     (["length-bias", "--num-iterations", "0"], "--num-iterations must be >= 1"),
+    (["length-bias", "--eval-size", "0"], "--eval-size must be >= 1, got 0"),
     (["length-bias", "--parallel", "2", "--cores", "0"], "--cores needs at least --parallel"),
     (["entropy"], "invalid choice"),
     (["length-bias", "--seeds", "1", "1"], "--seeds: each seed once, got 1 1"),
@@ -234,13 +241,17 @@ def test_the_lab_writes_to_runs_and_checks_matplotlib_before_any_run(tmp_path, m
     assert "(default: runs/lab)" in " ".join(help_text.split()) and "--update-results" in help_text
 
 
-def test_an_experiment_runs_end_to_end(tmp_path):
-    # Two iterations per run, one seed: the whole path (the runs' processes, logs, report, figure) in ~30 s. The lab
-    # itself runs in this process (its command line runs above, with --help).
-    lab.main(["dynamic-sampling", "--seeds", "1", "--num-iterations", "2", "--out", str(tmp_path)])
+def test_an_experiment_runs_end_to_end(tmp_path, monkeypatch):
+    # Two iterations per run, one seed, 16 held-out prompts: the whole path (the runs' processes, logs, report,
+    # figure). The lab itself runs in this process (its command line runs above, with --help).
+    ran, run_one = [], lab.run_one
+    monkeypatch.setattr(lab, "run_one", lambda script, flags, *rest: ran.append(flags) or run_one(script, flags, *rest))
+    lab.main(["dynamic-sampling", "--seeds", "1", "--num-iterations", "2", "--eval-size", "16", "--out", str(tmp_path)])
+    assert len(ran) == 2 and all(" --num-iterations 2 " in f" {' '.join(flags)} " and
+                                 " --eval-size 16 " in f" {' '.join(flags)} " for flags in ran)
     report = (tmp_path / "dynamic-sampling.md").read_text()
     assert ("python grpo.py --seed N" in report and "python dapo.py --seed N" in report
-            and "--num-iterations 2" in report)
+            and "--num-iterations 2" in report and "--eval-size 16" in report and "--eval-size 200" not in report)
     assert re.search(r"\| dapo \| responses generated in the run \| [\d,]+ \[", report)
     assert (tmp_path / "dynamic-sampling.png").read_bytes()[:4] == b"\x89PNG"
     # The group files' new tags are consistent: the mean length is the reward-weighted mean of the right and the
@@ -251,10 +262,12 @@ def test_an_experiment_runs_end_to_end(tmp_path):
                                 for kind in ("right_", "wrong_", ""))
         assert reward * right + (1 - reward) * wrong == pytest.approx(length, rel=1e-4)
         assert 0 <= lab.at(grpo, "charts/zero_signal_fraction", step) <= 1
-    # --replot redraws from the saved curves without running anything
+    # --replot redraws from the saved curves without running anything, its title with their held-out prompts
     (tmp_path / "dynamic-sampling.png").unlink()
+    titles, panels = [], lab.panels
+    monkeypatch.setattr(lab, "panels", lambda *args: titles.extend(row[0] for row in panels(*args)) or panels(*args))
     lab.main(["dynamic-sampling", "--replot", "--out", str(tmp_path)])
-    assert (tmp_path / "dynamic-sampling.png").exists()
+    assert (tmp_path / "dynamic-sampling.png").exists() and "held-out accuracy (16 prompts)" in titles
 
 
 def test_the_lab_tags_are_computed_by_one_function_for_every_group_file():

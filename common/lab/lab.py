@@ -43,10 +43,11 @@ from common.tools.benchmark import read_scalars
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMOOTH = 5  # moving-average window (iterations) of the plotted per-iteration curves
+EVAL_SIZE = 200  # held-out prompts per evaluation (--eval-size)
 
 # Every run: the long model on "reverse", bare prompts, room for the longest hesitation (48 tokens) and more.
 COMMON = ["--model", "common/models/long_model", "--task", "reverse", "--few-shot", "0", "--max-new-tokens", "64",
-          "--prompts-per-iteration", "16", "--group-size", "8", "--eval-every", "10", "--eval-size", "200"]
+          "--prompts-per-iteration", "16", "--group-size", "8", "--eval-every", "10", "--eval-size", str(EVAL_SIZE)]
 
 
 @dataclass
@@ -135,12 +136,13 @@ def run_one(script, flags, seed, core):
     return scalars, time.time() - start
 
 
-def arm_flags(exp, extra, num_iterations=None):
-    """The flags of one arm; num_iterations, when given, replaces the experiment's --num-iterations."""
+def arm_flags(exp, extra, num_iterations=None, eval_size=None):
+    """The flags of one arm; num_iterations and eval_size, when given, replace the experiment's own."""
     flags = COMMON + exp.flags + extra
-    if num_iterations is not None:
-        i = flags.index("--num-iterations")
-        flags = flags[: i + 1] + [str(num_iterations)] + flags[i + 2 :]
+    for flag, value in (("--num-iterations", num_iterations), ("--eval-size", eval_size)):
+        if value is not None:
+            i = flags.index(flag)
+            flags = flags[: i + 1] + [str(value)] + flags[i + 2 :]
     return flags
 
 
@@ -162,11 +164,11 @@ def progress_line(done, total, label, seed, seconds, mean_seconds, parallel):
             f"ETA {duration(rounds_left * mean_seconds)}")
 
 
-def run_experiment(name, seeds, parallel, cores, num_iterations=None, arms=None):
+def run_experiment(name, seeds, parallel, cores, num_iterations=None, arms=None, eval_size=None):
     """The arms (all, or those labelled in `arms`) x seeds, `parallel` at a time; {label: [scalars per seed]} and
     the wall time."""
     exp = EXPERIMENTS[name]
-    jobs = [(label, script, arm_flags(exp, extra, num_iterations), seed)
+    jobs = [(label, script, arm_flags(exp, extra, num_iterations, eval_size), seed)
             for label, script, extra in exp.arms if arms is None or label in arms for seed in seeds]
     free = list(cores) if cores else [None] * parallel
     durations = []  # seconds of each finished run, in the order they finished
@@ -322,7 +324,7 @@ def key_numbers(name, results):
 
 # ---------------------------------------------------------------- figures
 
-def panels(name, results):
+def panels(name, results, eval_size=EVAL_SIZE):
     """[(title, y label, x label, {label: (x, median, low, high)})] for one experiment."""
     def per_arm(tag, window=SMOOTH, keep=None, x=None):
         out = {}
@@ -333,7 +335,8 @@ def panels(name, results):
             out[label] = (steps, med, low, high)
         return out
 
-    accuracy = ("held-out accuracy (200 prompts)", "accuracy", "iteration", per_arm("charts/accuracy", window=1))
+    accuracy = (f"held-out accuracy ({eval_size} prompts)", "accuracy", "iteration",
+                per_arm("charts/accuracy", window=1))
     if name == "length-bias":
         return [("wrong responses", "mean length (tokens)", "iteration",
                  per_arm("charts/wrong_response_length", keep=has_wrong)),
@@ -387,14 +390,14 @@ def panels(name, results):
     raise KeyError(name)
 
 
-def plot(name, results, path):
+def plot(name, results, path, eval_size=EVAL_SIZE):
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("error: the lab's figures need matplotlib: pip install matplotlib")
-    rows = panels(name, results)
+    rows = panels(name, results, eval_size)
     colors = {arm: f"C{i % 10}" for i, arm in enumerate(results)}  # one colour per arm in every panel
     if name == "sampler-mismatch":  # one colour per correction, whichever the sampler
         kinds = ["lag 0", "none", "token-tis", "token-reject", "token-icepop", "sequence-geo-reject", "sequence-mis",
@@ -427,12 +430,12 @@ def learning(scalars):
             if not tag.startswith("perf/") and tag not in timing}
 
 
-def write_report(name, results, seeds, wall, path, num_iterations=None):
+def write_report(name, results, seeds, wall, path, num_iterations=None, eval_size=None):
     exp = EXPERIMENTS[name]
     lines = [f"# Lab: {name}", "", exp.question, "",
              f"`python -m common.lab {name}` ran these ({len(seeds)} seeds: {' '.join(map(str, seeds))}) "
              f"in {wall / 60:.1f} min of wall time:", ""]
-    lines += [f"    python {script} --seed N {' '.join(arm_flags(exp, extra, num_iterations))}"
+    lines += [f"    python {script} --seed N {' '.join(arm_flags(exp, extra, num_iterations, eval_size))}"
               for _, script, extra in exp.arms]
     lines += ["", "| arm | quantity | median [min, max] over seeds |", "|---|---|---|"]
     lines += [f"| {label} | {quantity} | {value} |" for label, quantity, value in key_numbers(name, results)]
@@ -463,6 +466,8 @@ def main(argv=None):
     p.add_argument("--replot", action="store_true", help="redraw from <out>/<experiment>.json without running")
     p.add_argument("--num-iterations", type=int, default=None,
                    help="iterations of every run (default: the experiment's own; fewer for a quick look)")
+    p.add_argument("--eval-size", type=int, default=None,
+                   help=f"held-out prompts of each evaluation (default: {EVAL_SIZE}; fewer for a quick look)")
     p.add_argument("--arms", nargs="+", default=None, metavar="LABEL",
                    help="run only these arms (labels as in <experiment>.md) and keep the other arms' curves from "
                         "<out>/<experiment>.json, run with the same seeds: for an arm added to an experiment")
@@ -478,8 +483,9 @@ def main(argv=None):
         p.error(f"--seeds: each seed once, got {' '.join(map(str, args.seeds))}")
     if args.parallel < 1:
         p.error(f"--parallel must be >= 1, got {args.parallel}")
-    if args.num_iterations is not None and args.num_iterations < 1:
-        p.error(f"--num-iterations must be >= 1, got {args.num_iterations}")
+    for flag, value in (("--num-iterations", args.num_iterations), ("--eval-size", args.eval_size)):
+        if value is not None and value < 1:
+            p.error(f"{flag} must be >= 1, got {value}")
     try:  # before any run: a missing figure library must not cost minutes of experiments first
         import matplotlib  # noqa: F401
     except ImportError:
@@ -504,9 +510,10 @@ def main(argv=None):
             p.error(f"--arms keeps the other arms from {saved_path}, which does not exist: run the whole experiment")
         with open(saved_path) as f:
             kept = json.load(f)
-        if kept["seeds"] != args.seeds or kept["num_iterations"] != args.num_iterations:
-            p.error(f"--arms: {saved_path} was run with seeds {kept['seeds']} and --num-iterations "
-                    f"{kept['num_iterations']}; give the same")
+        ran_with = (kept["seeds"], kept["num_iterations"], kept.get("eval_size"))
+        if ran_with != (args.seeds, args.num_iterations, args.eval_size):
+            p.error(f"--arms: {saved_path} was run with seeds {kept['seeds']}, --num-iterations "
+                    f"{kept['num_iterations']} and --eval-size {kept.get('eval_size')}; give the same")
     cores = args.cores
     if cores is None:
         cores = list(range(args.parallel)) if shutil.which("taskset") else []
@@ -525,11 +532,12 @@ def main(argv=None):
                 saved = json.load(f)
             results, seeds, wall, num_iterations = (
                 saved[k] for k in ("results", "seeds", "wall_seconds", "num_iterations"))
+            eval_size = saved.get("eval_size")  # None: the experiment's own
         else:
             print(f"[lab] {name}: {EXPERIMENTS[name].question}", flush=True)
             results, wall = run_experiment(name, args.seeds, args.parallel, cores[: args.parallel], args.num_iterations,
-                                           args.arms)
-            seeds, num_iterations = args.seeds, args.num_iterations
+                                           args.arms, args.eval_size)
+            seeds, num_iterations, eval_size = args.seeds, args.num_iterations, args.eval_size
             if kept:  # every arm in the experiment's order; the wall time is the sum of both runs'
                 ran, wall = results, wall + kept["wall_seconds"]
                 for label in set(ran) & set(kept["results"]):  # an arm run again: does it learn as it did?
@@ -539,9 +547,9 @@ def main(argv=None):
                            for label, _, _ in EXPERIMENTS[name].arms if label in ran or label in kept["results"]}
             with open(data_path, "w") as f:
                 json.dump({"seeds": seeds, "wall_seconds": wall, "num_iterations": num_iterations,
-                           "results": results}, f)
-        write_report(name, results, seeds, wall, os.path.join(args.out, f"{name}.md"), num_iterations)
-        plot(name, results, os.path.join(args.out, f"{name}.png"))
+                           "eval_size": eval_size, "results": results}, f)
+        write_report(name, results, seeds, wall, os.path.join(args.out, f"{name}.md"), num_iterations, eval_size)
+        plot(name, results, os.path.join(args.out, f"{name}.png"), eval_size or EVAL_SIZE)
         if name == "length-bias":  # the same question on a policy that can tell right from wrong (seconds, exact)
             from common.lab import toys
             toys.length_bias_main(["--out", args.out, "--seeds", *map(str, seeds)])
