@@ -245,6 +245,19 @@ def test_a_process_without_signal_leaves_the_figures_to_the_others(monkeypatch):
     assert together == alone and alone["charts/is_ratio_max"] < 1 and alone["charts/is_masked_fraction"] > 0
 
 
+def test_no_token_with_signal_anywhere_logs_no_figures_and_one_is_enough():
+    """Every Â = 0 on every process: there is nothing to average (a 0/0, a ratio of ±inf), so nothing is logged,
+    and the rollout is still corrected. A single token with signal gives the figures."""
+    mask, sampler = torch.ones(2, 3), torch.zeros(2, 3)
+    old = torch.tensor([[0.9, 0.0, 0.0], [0.0, 0.0, 0.0]])  # ρ = e^0.9 = 2.46 at one token: outside [1/2, 2]
+    corrected, figures = sampling.correct(as_rollout(mask, old, torch.zeros(2)), sampler, "token-reject", 2.0)
+    assert figures == {} and corrected.mask[0, 0] == 0 and corrected.mask.sum() == 5
+    one = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    _, figures = sampling.correct(as_rollout(one, old, torch.tensor([1.0, 0.0])), sampler, "token-reject", 2.0)
+    assert figures["charts/is_ratio_max"] == pytest.approx(math.exp(0.9))
+    assert figures["charts/is_masked_fraction"] == figures["charts/is_masked_response_fraction"] == 1.0
+
+
 def test_no_correction_changes_nothing_and_logs_nothing():
     rollout, sampler, _ = hand_batch()
     corrected, figures = sampling.correct(rollout, sampler, "none", 2.0)
