@@ -31,6 +31,8 @@ SLOWEST_FIRST = ["test_gpu_check.py", "test_classic_cli.py", "test_group_distrib
 def pytest_configure(config):
     if hasattr(config.option, "loadscopereorder"):  # xdist's own order is by number of tests: fast files first
         config.option.loadscopereorder = False
+    # torch's own: inductor imports torch.utils.mkldnn, which still uses what torch 2.13 deprecates (nothing here does)
+    config.addinivalue_line("filterwarnings", "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
 
 def pytest_collection_modifyitems(items):
